@@ -1,0 +1,312 @@
+//! The untyped layer of a spec: YAML files, `extends:` chains, deep merge and `--set` overrides.
+//!
+//! Everything here works on `serde_yaml::Value` and remembers which file (or override) last set
+//! each key, so that a type error found later can name the file and line a person must edit.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_yaml::{Mapping, Value};
+
+use super::error::SpecError;
+
+/// Where a key of the merged document came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A spec file.
+    File(PathBuf),
+    /// A `--set KEY=VALUE` override.
+    Override(String),
+}
+
+/// A merged YAML document and, for each dotted key, where it was last set.
+#[derive(Debug, Clone)]
+pub struct SourceDoc {
+    /// The merged document, `extends` removed and overrides applied.
+    pub value: Value,
+    origins: HashMap<String, Origin>,
+    texts: HashMap<PathBuf, String>,
+}
+
+/// Where in a file a key is written, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The file, or `None` for an override.
+    pub file: Option<PathBuf>,
+    /// 1-based line, when it could be found.
+    pub line: Option<usize>,
+    /// The override argument, when the key came from `--set`.
+    pub argument: Option<String>,
+}
+
+impl SourceDoc {
+    /// Loads `path`, follows its `extends:` chain and merges the chain, parent first.
+    pub fn load(path: &Path) -> Result<SourceDoc, SpecError> {
+        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: HashMap::new() };
+        let mut chain: Vec<(PathBuf, Value)> = Vec::new();
+        let mut seen: Vec<PathBuf> = Vec::new();
+        let mut next = Some(path.to_path_buf());
+        while let Some(file) = next.take() {
+            let canonical = std::fs::canonicalize(&file)
+                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
+            if seen.contains(&canonical) {
+                let mut files: Vec<PathBuf> = chain.iter().map(|(f, _)| f.clone()).collect();
+                files.push(file);
+                return Err(SpecError::ExtendsCycle { files });
+            }
+            seen.push(canonical.clone());
+            let text = std::fs::read_to_string(&file)
+                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
+            let mut value = parse_mapping(&text, &file)?;
+            let map = value.as_mapping_mut().expect("parse_mapping returns a mapping");
+            if let Some(parent) = map.remove("extends") {
+                let Value::String(parent) = parent else {
+                    return Err(SpecError::Type {
+                        location: Location {
+                            file: Some(file.clone()),
+                            line: locate_key(&text, &["extends"]),
+                            argument: None,
+                        },
+                        key: "extends".into(),
+                        message: "expected the path of another spec, relative to this file".into(),
+                    });
+                };
+                let base = file.parent().unwrap_or(Path::new(""));
+                next = Some(base.join(parent));
+            }
+            doc.texts.insert(file.clone(), text);
+            chain.push((file, value));
+        }
+        for (file, value) in chain.into_iter().rev() {
+            let origin = Origin::File(file);
+            merge(&mut doc.value, value, "", &origin, &mut doc.origins);
+        }
+        doc.origins.insert(String::new(), Origin::File(path.to_path_buf()));
+        Ok(doc)
+    }
+
+    /// Reads a document from `text` (no `extends:` allowed), labelling its keys with `label`:
+    /// how a run's saved spec is read back.
+    pub fn from_text(text: &str, label: &str) -> Result<SourceDoc, SpecError> {
+        let file = PathBuf::from(label);
+        let value = parse_mapping(text, &file)?;
+        if value.as_mapping().is_some_and(|m| m.contains_key("extends")) {
+            return Err(SpecError::Type {
+                location: Location { file: Some(file), line: locate_key(text, &["extends"]), argument: None },
+                key: "extends".into(),
+                message: "a resolved spec cannot extend another".into(),
+            });
+        }
+        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: HashMap::new() };
+        doc.texts.insert(file.clone(), text.to_string());
+        merge(&mut doc.value, value, "", &Origin::File(file.clone()), &mut doc.origins);
+        doc.origins.insert(String::new(), Origin::File(file));
+        Ok(doc)
+    }
+
+    /// Applies `--set a.b.c=VALUE` overrides in order. The value is read as YAML, so
+    /// `steps=3` is a number and `stages.x=null` removes a stage.
+    pub fn apply_overrides(&mut self, overrides: &[String]) -> Result<(), SpecError> {
+        for argument in overrides {
+            let Some((key, raw)) = argument.split_once('=') else {
+                return Err(SpecError::BadOverride {
+                    argument: argument.clone(),
+                    reason: "expected KEY=VALUE, for example `steps=3`".into(),
+                });
+            };
+            let key = key.trim();
+            if key.is_empty() || key.split('.').any(str::is_empty) {
+                return Err(SpecError::BadOverride {
+                    argument: argument.clone(),
+                    reason: "the key must be a dotted path such as `stages.reward.lambda`".into(),
+                });
+            }
+            let value: Value = serde_yaml::from_str(raw).map_err(|error| SpecError::BadOverride {
+                argument: argument.clone(),
+                reason: format!("the value is not valid YAML: {}", strip_location(&error.to_string())),
+            })?;
+            let segments: Vec<&str> = key.split('.').collect();
+            let origin = Origin::Override(argument.clone());
+            let (last, parents) = segments.split_last().expect("checked non-empty");
+            let mut node = &mut self.value;
+            let mut prefix = String::new();
+            for segment in parents {
+                prefix = join_key(&prefix, segment);
+                if !node.is_mapping() {
+                    *node = Value::Mapping(Mapping::new());
+                }
+                let map = node.as_mapping_mut().expect("made a mapping above");
+                let entry = map.entry(Value::String((*segment).to_string())).or_insert(Value::Null);
+                if !entry.is_mapping() {
+                    *entry = Value::Mapping(Mapping::new());
+                    self.origins.insert(prefix.clone(), origin.clone());
+                }
+                node = entry;
+            }
+            if !node.is_mapping() {
+                *node = Value::Mapping(Mapping::new());
+            }
+            let map = node.as_mapping_mut().expect("made a mapping above");
+            let mut single = Mapping::new();
+            single.insert(Value::String((*last).to_string()), value);
+            let mut target = Value::Mapping(std::mem::take(map));
+            merge(&mut target, Value::Mapping(single), &prefix, &origin, &mut self.origins);
+            *node = target;
+        }
+        Ok(())
+    }
+
+    /// Where the value at `key` (dotted) was set: the longest prefix of `key` with a known origin.
+    pub fn locate(&self, key: &str) -> Location {
+        let mut probe = key.to_string();
+        loop {
+            if let Some(origin) = self.origins.get(&probe) {
+                return match origin {
+                    Origin::File(file) => {
+                        let segments: Vec<&str> = key.split('.').filter(|s| !s.is_empty()).collect();
+                        let line = self.texts.get(file).and_then(|text| locate_key(text, &segments));
+                        Location { file: Some(file.clone()), line, argument: None }
+                    }
+                    Origin::Override(argument) => {
+                        Location { file: None, line: None, argument: Some(argument.clone()) }
+                    }
+                };
+            }
+            match probe.rfind('.') {
+                Some(dot) => probe.truncate(dot),
+                None if !probe.is_empty() => probe.clear(),
+                None => return Location { file: None, line: None, argument: None },
+            }
+        }
+    }
+
+    /// The first file of the chain (the one the user named), for problems without a key.
+    pub fn root_file(&self) -> Option<&Path> {
+        self.origins.get("").and_then(|origin| match origin {
+            Origin::File(file) => Some(file.as_path()),
+            Origin::Override(_) => None,
+        })
+    }
+}
+
+/// Parses YAML text that must be a mapping (an empty file counts as an empty mapping).
+fn parse_mapping(text: &str, file: &Path) -> Result<Value, SpecError> {
+    let value: Value = serde_yaml::from_str(text).map_err(|error| SpecError::Yaml {
+        file: file.to_path_buf(),
+        line: error.location().map(|l| l.line()),
+        column: error.location().map(|l| l.column()),
+        message: strip_location(&error.to_string()),
+    })?;
+    match value {
+        Value::Null => Ok(Value::Mapping(Mapping::new())),
+        Value::Mapping(_) => Ok(value),
+        _ => Err(SpecError::Type {
+            location: Location { file: Some(file.to_path_buf()), line: Some(1), argument: None },
+            key: String::new(),
+            message: "a spec must be a YAML mapping of keys to values".into(),
+        }),
+    }
+}
+
+fn join_key(prefix: &str, segment: &str) -> String {
+    if prefix.is_empty() { segment.to_string() } else { format!("{prefix}.{segment}") }
+}
+
+fn key_text(key: &Value) -> String {
+    match key {
+        Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+    }
+}
+
+/// Deep merge: mappings merge key by key, a `null` removes the key, anything else replaces.
+fn merge(
+    base: &mut Value,
+    overlay: Value,
+    prefix: &str,
+    origin: &Origin,
+    origins: &mut HashMap<String, Origin>,
+) {
+    match (base, overlay) {
+        (Value::Mapping(base_map), Value::Mapping(overlay_map)) => {
+            for (key, value) in overlay_map {
+                let dotted = join_key(prefix, &key_text(&key));
+                if value.is_null() {
+                    base_map.remove(&key);
+                    origins.retain(|k, _| k != &dotted && !k.starts_with(&format!("{dotted}.")));
+                    continue;
+                }
+                match base_map.get_mut(&key) {
+                    Some(existing) if existing.is_mapping() && value.is_mapping() => {
+                        merge(existing, value, &dotted, origin, origins);
+                    }
+                    _ => {
+                        origins.retain(|k, _| !k.starts_with(&format!("{dotted}.")));
+                        record_origins(&value, &dotted, origin, origins);
+                        base_map.insert(key, value);
+                    }
+                }
+            }
+        }
+        (base, overlay) => {
+            record_origins(&overlay, prefix, origin, origins);
+            *base = overlay;
+        }
+    }
+}
+
+fn record_origins(value: &Value, prefix: &str, origin: &Origin, origins: &mut HashMap<String, Origin>) {
+    origins.insert(prefix.to_string(), origin.clone());
+    if let Value::Mapping(map) = value {
+        for (key, child) in map {
+            record_origins(child, &join_key(prefix, &key_text(key)), origin, origins);
+        }
+    }
+}
+
+/// serde_yaml appends " at line L column C" to messages that carry a location; we print the
+/// location ourselves.
+fn strip_location(message: &str) -> String {
+    match message.find(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// Finds the 1-based line of a dotted key in block-style YAML text by following indentation.
+/// Returns the deepest key it could find, so an error inside a flow mapping still points near it.
+pub(crate) fn locate_key(text: &str, segments: &[&str]) -> Option<usize> {
+    let mut found = None;
+    let mut min_indent: isize = -1;
+    let mut start = 0;
+    let lines: Vec<&str> = text.lines().collect();
+    'segments: for segment in segments {
+        for (index, line) in lines.iter().enumerate().skip(start) {
+            let trimmed = line.trim_start();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let indent = (line.len() - trimmed.len()) as isize;
+            if indent <= min_indent && found.is_some() {
+                break 'segments;
+            }
+            let key = trimmed.trim_start_matches("- ");
+            let matches = key
+                .strip_prefix(segment)
+                .or_else(|| key.strip_prefix(&format!("\"{segment}\"")))
+                .is_some_and(|rest| rest.trim_start().starts_with(':'));
+            if matches {
+                found = Some(index + 1);
+                min_indent = indent;
+                start = index + 1;
+                continue 'segments;
+            }
+        }
+        break;
+    }
+    found
+}
+
+#[cfg(test)]
+#[path = "source_tests.rs"]
+mod tests;

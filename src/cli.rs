@@ -1,0 +1,299 @@
+//! Subcommands and their output.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use sesa_engine::manifest::{RunStatus, StepCommit, layout};
+use sesa_engine::{
+    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
+    list_runs, load_pipeline,
+};
+use tokio::sync::watch;
+
+use crate::logging::{self, LogFormat};
+
+/// Self-evolving search-agent experiments from YAML specs.
+#[derive(Debug, Parser)]
+#[command(name = "sesa", version = code_version(), about)]
+struct Cli {
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a new run of a spec.
+    Run {
+        /// The spec file.
+        spec: PathBuf,
+        /// Override a key, e.g. `--set steps=3 --set stages.reward.proposer.lambda=0.5`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Where runs are kept: a directory or `s3://bucket/prefix`.
+        #[arg(long, default_value = "runs")]
+        store: String,
+    },
+    /// Continue a run after its last committed step.
+    Resume {
+        /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
+        run: String,
+    },
+    /// Check a spec and print every problem.
+    Validate {
+        /// The spec file.
+        spec: PathBuf,
+        /// Override a key, as with `run`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Print the JSON Schema of specs, with every registered stage kind.
+    Schema,
+    /// Print the stage graph of a spec with each stage's schedule.
+    Graph {
+        /// The spec file.
+        spec: PathBuf,
+        /// Override a key, as with `run`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Mermaid)]
+        format: Format,
+    },
+    /// List the runs of a store with their status and progress.
+    Runs {
+        /// Where runs are kept.
+        #[arg(long, default_value = "runs")]
+        store: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Mermaid,
+    Dot,
+}
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_INVALID_SPEC: u8 = 2;
+const EXIT_INTERRUPTED: u8 = 130;
+
+fn code_version() -> &'static str {
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
+}
+
+/// Runs the command line of the process with `registry`.
+pub fn main_with(registry: Registry) -> ExitCode {
+    ExitCode::from(run_cli(std::env::args_os(), registry))
+}
+
+/// Runs `sesa` with `args` (the first is the program name) and `registry`; returns the exit
+/// code: 0 success, 1 failure, 2 invalid spec or usage, 130 interrupted.
+pub fn run_cli<I, T>(args: I, registry: Registry) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() { EXIT_INVALID_SPEC } else { 0 };
+        }
+    };
+    let interactive = std::io::stderr().is_terminal() && cli.log_format == LogFormat::Text;
+    let progress = Progress::new(if interactive { ProgressMode::Bars } else { ProgressMode::Lines });
+    logging::init(cli.log_format, &progress);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return EXIT_FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command, &registry, &progress)) {
+        Ok(code) => code,
+        Err(error) => {
+            if let Some(spec_errors) = error.downcast_ref::<SpecErrors>() {
+                eprint!("error: {spec_errors}");
+                return EXIT_INVALID_SPEC;
+            }
+            if let Some(RunError::Spec(spec_errors)) = error.downcast_ref::<RunError>() {
+                eprint!("error: {spec_errors}");
+                return EXIT_INVALID_SPEC;
+            }
+            eprintln!("error: {error:#}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command, registry: &Registry, progress: &Progress) -> Result<u8> {
+    match command {
+        Command::Validate { spec: path, overrides } => {
+            let pipeline = load_pipeline(&path, &overrides, registry)?;
+            let spec = pipeline.spec();
+            println!(
+                "{}: ok: `{}`, {} steps, {} stages",
+                path.display(),
+                spec.name,
+                spec.steps,
+                spec.stages.len()
+            );
+            Ok(0)
+        }
+        Command::Schema => {
+            println!("{}", serde_json::to_string_pretty(&registry.json_schema())?);
+            Ok(0)
+        }
+        Command::Graph { spec, overrides, format } => {
+            let pipeline = load_pipeline(&spec, &overrides, registry)?;
+            let format = match format {
+                Format::Mermaid => GraphFormat::Mermaid,
+                Format::Dot => GraphFormat::Dot,
+            };
+            print!("{}", pipeline.render(format));
+            Ok(0)
+        }
+        Command::Run { spec, overrides, store } => {
+            let pipeline = load_pipeline(&spec, &overrides, registry)?;
+            let root = ArtifactStore::open(&store)?;
+            let run = Run::create(&root, pipeline, code_version()).await.context("creating the run")?;
+            eprintln!("run {} → {}", run.id(), run.location());
+            execute(run, progress).await
+        }
+        Command::Resume { run } => {
+            let (root, run_id) = split_run_location(&run)?;
+            let root = ArtifactStore::open(&root)?;
+            let run = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
+            let manifest = run.manifest();
+            eprintln!(
+                "resuming run {} at step {} of {}",
+                manifest.run_id,
+                manifest.committed_steps + 1,
+                manifest.steps
+            );
+            execute(run, progress).await
+        }
+        Command::Runs { store } => {
+            let root = ArtifactStore::open(&store)?;
+            print_runs(&root).await
+        }
+    }
+}
+
+/// Runs the remaining steps with Ctrl-C handling, then prints a summary.
+async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
+    let (stop_sender, stop) = watch::channel(StopRequest::None);
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\nstopping after the current step is committed; press Ctrl-C again to abandon it");
+            let _ = stop_sender.send(StopRequest::AfterStep);
+        }
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\nabandoning the current step; committed steps are kept");
+            let _ = stop_sender.send(StopRequest::Now);
+        }
+    });
+    let outcome = run.execute(progress, stop).await;
+    signals.abort();
+    let outcome = outcome.with_context(|| format!("run {} stopped; fix the cause, then `sesa resume {}`", run.id(), run.location()))?;
+    print_summary(&run).await?;
+    match outcome {
+        RunOutcome::Completed => {
+            println!("artifacts: {}/tables (DuckDB: read_parquet('{}/tables/<table>/*/*.parquet', hive_partitioning=true))", run.location(), run.location());
+            Ok(0)
+        }
+        RunOutcome::Interrupted => {
+            eprintln!("interrupted after step {}; continue with `sesa resume {}`", run.manifest().committed_steps, run.location());
+            Ok(EXIT_INTERRUPTED)
+        }
+    }
+}
+
+/// One line per committed step: wall time, then rows per table.
+async fn print_summary(run: &Run) -> Result<()> {
+    let store = ArtifactStore::open(&run.location()).ok();
+    let mut commits: Vec<StepCommit> = Vec::new();
+    if let Some(store) = store {
+        for step in 1..=run.manifest().committed_steps {
+            if let Some(bytes) = store.get(&layout::commit(step)).await? {
+                commits.push(serde_json::from_slice(&bytes)?);
+            }
+        }
+    }
+    let mut tables: Vec<String> = commits.iter().flat_map(|c| c.files.iter().map(|f| f.table.clone())).collect();
+    tables.sort();
+    tables.dedup();
+    let mut header = format!("{:>6} {:>10}", "step", "wall");
+    for table in &tables {
+        header.push_str(&format!(" {:>12}", truncate(table, 12)));
+    }
+    println!("{header}");
+    for commit in &commits {
+        let mut line = format!("{:>6} {:>9.2}s", commit.step, commit.wall_ms as f64 / 1000.0);
+        for table in &tables {
+            let rows = commit.files.iter().find(|f| &f.table == table).map(|f| f.rows.to_string()).unwrap_or_else(|| "-".into());
+            line.push_str(&format!(" {rows:>12}"));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn truncate(text: &str, width: usize) -> String {
+    if text.chars().count() <= width { text.to_string() } else { text.chars().take(width - 1).chain(['…']).collect() }
+}
+
+async fn print_runs(root: &ArtifactStore) -> Result<u8> {
+    let runs = list_runs(root).await?;
+    if runs.is_empty() {
+        println!("no runs in {}", root.describe(""));
+        return Ok(0);
+    }
+    println!("{:<44} {:<12} {:>11} {:<24} NAME", "RUN", "STATUS", "STEPS", "CREATED");
+    for run in runs {
+        let manifest = &run.manifest;
+        let status = match manifest.status {
+            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => "stopped".to_string(),
+            status => status.to_string(),
+        };
+        println!(
+            "{:<44} {:<12} {:>11} {:<24} {}",
+            manifest.run_id,
+            status,
+            format!("{}/{}", manifest.committed_steps, manifest.steps),
+            manifest.created_at,
+            manifest.name
+        );
+    }
+    Ok(0)
+}
+
+/// Whether a process of this machine is alive; a run whose process is gone was killed.
+fn process_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Splits `runs/<id>` or `s3://bucket/prefix/<id>` into the store root and the run id.
+fn split_run_location(location: &str) -> Result<(String, String)> {
+    let trimmed = location.trim_end_matches('/');
+    if trimmed.contains("://") {
+        let (root, id) = trimmed.rsplit_once('/').filter(|(root, _)| !root.ends_with(':') && !root.ends_with('/')).with_context(|| {
+            format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>")
+        })?;
+        return Ok((root.to_string(), id.to_string()));
+    }
+    let path = Path::new(trimmed);
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("`{location}` is not a run directory; expected runs/<run-id>"))?;
+    let root = path.parent().map(|p| p.to_string_lossy().into_owned()).filter(|p| !p.is_empty()).unwrap_or_else(|| ".".into());
+    Ok((root, id.to_string()))
+}

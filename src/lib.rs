@@ -1,0 +1,10 @@
+//! The `sesa` command line: flags, printing, exit codes. Everything else lives in
+//! `sesa-engine` (generic) and `sesa-stages` (the SESA domain).
+//!
+//! [`run_cli`] takes the registry as an argument so that tests can run the real command line
+//! with test-only stage kinds.
+
+mod cli;
+mod logging;
+
+pub use cli::{main_with, run_cli};

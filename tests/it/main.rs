@@ -1,0 +1,25 @@
+//! Integration tests of the `sesa` command line and the engine, in one test binary.
+//!
+//! Modules: `support` (test-only stage kinds and a way to run `sesa` as a child process),
+//! `specs` (validation errors, extends, overrides), `graph` (rendered graphs), `runs` (run,
+//! resume, SIGKILL crash recovery, Ctrl-C), `analysis` (DuckDB over the Parquet output),
+//! `schema` (the checked-in JSON Schema is current).
+
+mod analysis;
+mod graph;
+mod runs;
+mod schema;
+mod specs;
+mod support;
+
+/// Entry point of child `sesa` processes: when `SESA_IT_CHILD_ARGS` is set, this test runs the
+/// real command line with the test stage kinds and exits with its code; otherwise it does
+/// nothing. See `support::sesa`.
+#[test]
+fn child_process_entry() {
+    if let Ok(args) = std::env::var(support::CHILD_ARGS) {
+        let args: Vec<String> = serde_json::from_str(&args).expect("child args are a JSON list");
+        let code = sesa::run_cli(std::iter::once("sesa".to_string()).chain(args), support::registry());
+        std::process::exit(code.into());
+    }
+}
