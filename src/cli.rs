@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use sesa_engine::manifest::{RunStatus, StepCommit, layout};
 use sesa_engine::{
-    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
-    list_runs, load_pipeline,
+    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome,
+    SpecErrors, StopRequest, list_runs, load_pipeline,
 };
 use tokio::sync::watch;
 
@@ -84,7 +84,12 @@ const EXIT_INVALID_SPEC: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn code_version() -> &'static str {
-    concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (",
+        env!("SESA_GIT_COMMIT"),
+        ")"
+    )
 }
 
 /// Runs the command line of the process with `registry`.
@@ -103,13 +108,24 @@ where
         Ok(cli) => cli,
         Err(error) => {
             let _ = error.print();
-            return if error.use_stderr() { EXIT_INVALID_SPEC } else { 0 };
+            return if error.use_stderr() {
+                EXIT_INVALID_SPEC
+            } else {
+                0
+            };
         }
     };
     let interactive = std::io::stderr().is_terminal() && cli.log_format == LogFormat::Text;
-    let progress = Progress::new(if interactive { ProgressMode::Bars } else { ProgressMode::Lines });
+    let progress = Progress::new(if interactive {
+        ProgressMode::Bars
+    } else {
+        ProgressMode::Lines
+    });
     logging::init(cli.log_format, &progress);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -135,7 +151,10 @@ where
 
 async fn dispatch(command: Command, registry: &Registry, progress: &Progress) -> Result<u8> {
     match command {
-        Command::Validate { spec: path, overrides } => {
+        Command::Validate {
+            spec: path,
+            overrides,
+        } => {
             let pipeline = load_pipeline(&path, &overrides, registry)?;
             let spec = pipeline.spec();
             println!(
@@ -151,7 +170,11 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             println!("{}", serde_json::to_string_pretty(&registry.json_schema())?);
             Ok(0)
         }
-        Command::Graph { spec, overrides, format } => {
+        Command::Graph {
+            spec,
+            overrides,
+            format,
+        } => {
             let pipeline = load_pipeline(&spec, &overrides, registry)?;
             let format = match format {
                 Format::Mermaid => GraphFormat::Mermaid,
@@ -160,17 +183,25 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             print!("{}", pipeline.render(format));
             Ok(0)
         }
-        Command::Run { spec, overrides, store } => {
+        Command::Run {
+            spec,
+            overrides,
+            store,
+        } => {
             let pipeline = load_pipeline(&spec, &overrides, registry)?;
             let root = ArtifactStore::open(&store)?;
-            let run = Run::create(&root, pipeline, code_version()).await.context("creating the run")?;
+            let run = Run::create(&root, pipeline, code_version())
+                .await
+                .context("creating the run")?;
             eprintln!("run {} → {}", run.id(), run.location());
             execute(run, progress).await
         }
         Command::Resume { run } => {
             let (root, run_id) = split_run_location(&run)?;
             let root = ArtifactStore::open(&root)?;
-            let run = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
+            let run = Run::open(&root, &run_id, registry)
+                .await
+                .with_context(|| format!("opening run `{run}`"))?;
             let manifest = run.manifest();
             eprintln!(
                 "resuming run {} at step {} of {}",
@@ -192,7 +223,9 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     let (stop_sender, stop) = watch::channel(StopRequest::None);
     let signals = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\nstopping after the current step is committed; press Ctrl-C again to abandon it");
+            eprintln!(
+                "\nstopping after the current step is committed; press Ctrl-C again to abandon it"
+            );
             let _ = stop_sender.send(StopRequest::AfterStep);
         }
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -202,15 +235,29 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     });
     let outcome = run.execute(progress, stop).await;
     signals.abort();
-    let outcome = outcome.with_context(|| format!("run {} stopped; fix the cause, then `sesa resume {}`", run.id(), run.location()))?;
+    let outcome = outcome.with_context(|| {
+        format!(
+            "run {} stopped; fix the cause, then `sesa resume {}`",
+            run.id(),
+            run.location()
+        )
+    })?;
     print_summary(&run).await?;
     match outcome {
         RunOutcome::Completed => {
-            println!("artifacts: {}/tables (DuckDB: read_parquet('{}/tables/<table>/*/*.parquet', hive_partitioning=true))", run.location(), run.location());
+            println!(
+                "artifacts: {}/tables (DuckDB: read_parquet('{}/tables/<table>/*/*.parquet', hive_partitioning=true))",
+                run.location(),
+                run.location()
+            );
             Ok(0)
         }
         RunOutcome::Interrupted => {
-            eprintln!("interrupted after step {}; continue with `sesa resume {}`", run.manifest().committed_steps, run.location());
+            eprintln!(
+                "interrupted after step {}; continue with `sesa resume {}`",
+                run.manifest().committed_steps,
+                run.location()
+            );
             Ok(EXIT_INTERRUPTED)
         }
     }
@@ -227,7 +274,10 @@ async fn print_summary(run: &Run) -> Result<()> {
             }
         }
     }
-    let mut tables: Vec<String> = commits.iter().flat_map(|c| c.files.iter().map(|f| f.table.clone())).collect();
+    let mut tables: Vec<String> = commits
+        .iter()
+        .flat_map(|c| c.files.iter().map(|f| f.table.clone()))
+        .collect();
     tables.sort();
     tables.dedup();
     let mut header = format!("{:>6} {:>10}", "step", "wall");
@@ -236,9 +286,18 @@ async fn print_summary(run: &Run) -> Result<()> {
     }
     println!("{header}");
     for commit in &commits {
-        let mut line = format!("{:>6} {:>9.2}s", commit.step, commit.wall_ms as f64 / 1000.0);
+        let mut line = format!(
+            "{:>6} {:>9.2}s",
+            commit.step,
+            commit.wall_ms as f64 / 1000.0
+        );
         for table in &tables {
-            let rows = commit.files.iter().find(|f| &f.table == table).map(|f| f.rows.to_string()).unwrap_or_else(|| "-".into());
+            let rows = commit
+                .files
+                .iter()
+                .find(|f| &f.table == table)
+                .map(|f| f.rows.to_string())
+                .unwrap_or_else(|| "-".into());
             line.push_str(&format!(" {rows:>12}"));
         }
         println!("{line}");
@@ -247,7 +306,11 @@ async fn print_summary(run: &Run) -> Result<()> {
 }
 
 fn truncate(text: &str, width: usize) -> String {
-    if text.chars().count() <= width { text.to_string() } else { text.chars().take(width - 1).chain(['…']).collect() }
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        text.chars().take(width - 1).chain(['…']).collect()
+    }
 }
 
 async fn print_runs(root: &ArtifactStore) -> Result<u8> {
@@ -256,11 +319,16 @@ async fn print_runs(root: &ArtifactStore) -> Result<u8> {
         println!("no runs in {}", root.describe(""));
         return Ok(0);
     }
-    println!("{:<44} {:<12} {:>11} {:<24} NAME", "RUN", "STATUS", "STEPS", "CREATED");
+    println!(
+        "{:<44} {:<12} {:>11} {:<24} NAME",
+        "RUN", "STATUS", "STEPS", "CREATED"
+    );
     for run in runs {
         let manifest = &run.manifest;
         let status = match manifest.status {
-            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => "stopped".to_string(),
+            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => {
+                "stopped".to_string()
+            }
             status => status.to_string(),
         };
         println!(
@@ -284,9 +352,12 @@ fn process_alive(pid: u32) -> bool {
 fn split_run_location(location: &str) -> Result<(String, String)> {
     let trimmed = location.trim_end_matches('/');
     if trimmed.contains("://") {
-        let (root, id) = trimmed.rsplit_once('/').filter(|(root, _)| !root.ends_with(':') && !root.ends_with('/')).with_context(|| {
-            format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>")
-        })?;
+        let (root, id) = trimmed
+            .rsplit_once('/')
+            .filter(|(root, _)| !root.ends_with(':') && !root.ends_with('/'))
+            .with_context(|| {
+                format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>")
+            })?;
         return Ok((root.to_string(), id.to_string()));
     }
     let path = Path::new(trimmed);
@@ -294,6 +365,10 @@ fn split_run_location(location: &str) -> Result<(String, String)> {
         .file_name()
         .and_then(|n| n.to_str())
         .with_context(|| format!("`{location}` is not a run directory; expected runs/<run-id>"))?;
-    let root = path.parent().map(|p| p.to_string_lossy().into_owned()).filter(|p| !p.is_empty()).unwrap_or_else(|| ".".into());
+    let root = path
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| ".".into());
     Ok((root, id.to_string()))
 }

@@ -42,9 +42,16 @@ impl<'a> MakeWriter<'a> for ProgressAwareStderr {
 pub fn init(format: LogFormat, progress: &Progress) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let writer = ProgressAwareStderr(progress.clone());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_target(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_target(false);
     let _ = match format {
         LogFormat::Text => builder.compact().try_init(),
-        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
     };
 }

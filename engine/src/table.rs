@@ -33,9 +33,15 @@ pub fn decode_parquet(bytes: Bytes) -> Result<RecordBatch, ParquetError> {
 pub(crate) fn matches_schema(batch: &RecordBatch, declared: &SchemaRef) -> bool {
     let actual = batch.schema();
     actual.fields().len() == declared.fields().len()
-        && actual.fields().iter().zip(declared.fields().iter()).all(|(a, d)| {
-            a.name() == d.name() && a.data_type() == d.data_type() && (d.is_nullable() || !a.is_nullable())
-        })
+        && actual
+            .fields()
+            .iter()
+            .zip(declared.fields().iter())
+            .all(|(a, d)| {
+                a.name() == d.name()
+                    && a.data_type() == d.data_type()
+                    && (d.is_nullable() || !a.is_nullable())
+            })
 }
 
 /// A short description of a schema for error messages: `name: type, ...`.
@@ -43,7 +49,14 @@ pub(crate) fn describe_schema(schema: &SchemaRef) -> String {
     schema
         .fields()
         .iter()
-        .map(|f| format!("{}: {}{}", f.name(), f.data_type(), if f.is_nullable() { "?" } else { "" }))
+        .map(|f| {
+            format!(
+                "{}: {}{}",
+                f.name(),
+                f.data_type(),
+                if f.is_nullable() { "?" } else { "" }
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -19,7 +19,10 @@ mod support;
 fn child_process_entry() {
     if let Ok(args) = std::env::var(support::CHILD_ARGS) {
         let args: Vec<String> = serde_json::from_str(&args).expect("child args are a JSON list");
-        let code = sesa::run_cli(std::iter::once("sesa".to_string()).chain(args), support::registry());
+        let code = sesa::run_cli(
+            std::iter::once("sesa".to_string()).chain(args),
+            support::registry(),
+        );
         std::process::exit(code.into());
     }
 }

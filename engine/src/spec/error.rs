@@ -54,7 +54,11 @@ pub enum SpecError {
         message: String,
     },
     /// A stage names a kind nobody registered.
-    #[error("{}stages.{stage}.kind: unknown stage kind `{kind}`; known kinds: {}", WhereFmt(location), list_or_none(known))]
+    #[error(
+        "{}stages.{stage}.kind: unknown stage kind `{kind}`; known kinds: {}",
+        WhereFmt(location),
+        list_or_none(known)
+    )]
     UnknownStageKind {
         /// Where the kind was set.
         location: Location,
@@ -66,7 +70,11 @@ pub enum SpecError {
         known: Vec<String>,
     },
     /// `after:` names a stage that is not in the spec.
-    #[error("{}stages.{stage}.after: no stage named `{missing}` in this spec; stages: {}", WhereFmt(location), list_or_none(stages))]
+    #[error(
+        "{}stages.{stage}.after: no stage named `{missing}` in this spec; stages: {}",
+        WhereFmt(location),
+        list_or_none(stages)
+    )]
     MissingAfter {
         /// Where `after` was set.
         location: Location,
@@ -115,7 +123,11 @@ fn producer_hint(producer: Option<&str>, stage: &str) -> String {
 }
 
 fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() { "(none)".to_string() } else { items.join(", ") }
+    if items.is_empty() {
+        "(none)".to_string()
+    } else {
+        items.join(", ")
+    }
 }
 
 fn line_col(line: Option<usize>, column: Option<usize>) -> String {
@@ -142,7 +154,11 @@ struct KeyFmt<'a>(&'a str);
 
 impl fmt::Display for KeyFmt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() { Ok(()) } else { write!(f, "{}: ", self.0) }
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, "{}: ", self.0)
+        }
     }
 }
 
@@ -153,7 +169,11 @@ pub struct SpecErrors(pub Vec<SpecError>);
 impl fmt::Display for SpecErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let count = self.0.len();
-        writeln!(f, "the spec has {count} problem{}:", if count == 1 { "" } else { "s" })?;
+        writeln!(
+            f,
+            "the spec has {count} problem{}:",
+            if count == 1 { "" } else { "s" }
+        )?;
         for error in &self.0 {
             writeln!(f, "  - {error}")?;
         }

@@ -20,7 +20,8 @@ pub enum Schedule {
 impl Schedule {
     /// Reads `every_step`, `once`, `at_end` or `{every: k}`.
     pub(crate) fn from_yaml(value: &Value) -> Result<Schedule, String> {
-        const EXPECTED: &str = "expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1";
+        const EXPECTED: &str =
+            "expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1";
         match value {
             Value::String(name) => match name.as_str() {
                 "every_step" => Ok(Schedule::EveryStep),
@@ -28,7 +29,8 @@ impl Schedule {
                 "at_end" => Ok(Schedule::AtEnd),
                 other => Err(format!("unknown schedule `{other}`; {EXPECTED}")),
             },
-            Value::Mapping(map) if map.len() == 1 => match map.get("every").and_then(Value::as_u64) {
+            Value::Mapping(map) if map.len() == 1 => match map.get("every").and_then(Value::as_u64)
+            {
                 Some(k) if k >= 1 => Ok(Schedule::Every(k)),
                 _ => Err(EXPECTED.to_string()),
             },
@@ -42,7 +44,7 @@ impl Schedule {
             Schedule::EveryStep => true,
             Schedule::Once => step == 1,
             Schedule::AtEnd => step == steps,
-            Schedule::Every(k) => step % k == 0,
+            Schedule::Every(k) => step.is_multiple_of(k),
         }
     }
 
@@ -69,7 +71,11 @@ mod tests {
 
     #[test]
     fn schedules_fire_on_the_documented_steps() {
-        let fired = |schedule: Schedule| (1..=6).filter(|&s| schedule.fires(s, 6)).collect::<Vec<_>>();
+        let fired = |schedule: Schedule| {
+            (1..=6)
+                .filter(|&s| schedule.fires(s, 6))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(fired(Schedule::EveryStep), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(fired(Schedule::Once), vec![1]);
         assert_eq!(fired(Schedule::AtEnd), vec![6]);
@@ -84,7 +90,7 @@ mod tests {
         let parse = |text: &str| Schedule::from_yaml(&serde_yaml::from_str(text).unwrap());
         assert_eq!(parse("once"), Ok(Schedule::Once));
         assert_eq!(parse("{every: 10}"), Ok(Schedule::Every(10)));
-        insta::assert_snapshot!(parse("{every: 0}").unwrap_err(), @"");
-        insta::assert_snapshot!(parse("weekly").unwrap_err(), @"");
+        insta::assert_snapshot!(parse("{every: 0}").unwrap_err(), @"expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1");
+        insta::assert_snapshot!(parse("weekly").unwrap_err(), @"unknown schedule `weekly`; expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1");
     }
 }
