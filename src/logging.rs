@@ -1,6 +1,6 @@
 //! Where log lines go: stderr, as text or JSON, without tearing the progress bars.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use sesa_engine::Progress;
 use tracing_subscriber::EnvFilter;

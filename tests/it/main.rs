@@ -2,12 +2,13 @@
 //!
 //! Modules: `support` (test-only stage kinds and a way to run `sesa` as a child process),
 //! `specs` (validation errors, extends, overrides), `graph` (rendered graphs), `runs` (run,
-//! resume, SIGKILL crash recovery, Ctrl-C), `analysis` (DuckDB over the Parquet output),
+//! resume, SIGKILL crash recovery, Ctrl-C), `s3` (the same on an S3 server), `analysis` (DuckDB over the Parquet output),
 //! `schema` (the checked-in JSON Schema is current).
 
 mod analysis;
 mod graph;
 mod runs;
+mod s3;
 mod schema;
 mod specs;
 mod support;
