@@ -11,6 +11,8 @@ use sesa_engine::{
     ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome,
     SpecErrors, StopRequest, list_runs, load_pipeline,
 };
+use sesa_stages::data::world::{World, WorldConfig};
+use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
 use tokio::sync::watch;
 
 use crate::logging::{self, LogFormat};
@@ -70,6 +72,86 @@ enum Command {
         /// Where runs are kept.
         #[arg(long, default_value = "runs")]
         store: String,
+    },
+    /// Build or query a BM25 search index.
+    Index {
+        #[command(subcommand)]
+        command: IndexCommand,
+    },
+    /// Serve an index with the Search-R1 retriever API (`POST /retrieve`, `GET /status`).
+    ServeRetriever {
+        /// The index directory.
+        #[arg(long)]
+        index: PathBuf,
+        /// The port.
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// The address to bind; loopback unless told otherwise.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// The most queries in one request.
+        #[arg(long, default_value_t = 512)]
+        max_queries: usize,
+        /// The largest `topk` a request may ask.
+        #[arg(long, default_value_t = 100)]
+        max_topk: usize,
+    },
+    /// Generated worlds: fictional encyclopedias with multi-hop questions.
+    World {
+        #[command(subcommand)]
+        command: WorldCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum IndexCommand {
+    /// Index a Search-R1 JSONL corpus (`{id, contents}` or `{id, title, text}` per line).
+    Build {
+        /// The corpus.
+        corpus: PathBuf,
+        /// The index directory to create (must not exist or be empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Search an index and print the results as a model sees them.
+    Query {
+        /// The index directory.
+        index: PathBuf,
+        /// The query (free text).
+        query: String,
+        /// How many passages.
+        #[arg(short, default_value_t = 3)]
+        k: usize,
+    },
+    /// Measure query latency, throughput and recall on a question set.
+    Bench {
+        /// The index directory.
+        index: PathBuf,
+        /// Questions (FlashRAG JSONL); each question is one query.
+        #[arg(long)]
+        questions: PathBuf,
+        /// How many passages per query.
+        #[arg(short, default_value_t = 10)]
+        k: usize,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum WorldCommand {
+    /// Write corpus.jsonl, questions.jsonl and targets.jsonl of a new world.
+    Generate {
+        /// The seed: the same seed gives the same world.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// How many entities (one passage each).
+        #[arg(long, default_value_t = 300)]
+        entities: usize,
+        /// How many questions.
+        #[arg(long, default_value_t = 500)]
+        questions: usize,
+        /// The output directory.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -215,7 +297,113 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             let root = ArtifactStore::open(&store)?;
             print_runs(&root).await
         }
+        Command::Index {
+            command: IndexCommand::Build { corpus, out },
+        } => build_index(&corpus, &out, progress).await,
+        Command::Index {
+            command: IndexCommand::Query { index, query, k },
+        } => {
+            let index = Bm25Index::open(&index)?;
+            let hits = index.search_one(&query, k)?;
+            for hit in &hits {
+                eprintln!("{:>8.3}  {}  {}", hit.score, hit.doc.id, hit.doc.title);
+            }
+            println!("{}", format_results(&[hits]));
+            Ok(0)
+        }
+        Command::Index {
+            command:
+                IndexCommand::Bench {
+                    index,
+                    questions,
+                    k,
+                },
+        } => {
+            tokio::task::spawn_blocking(move || crate::bench::bench_index(&index, &questions, k))
+                .await?
+        }
+        Command::ServeRetriever {
+            index,
+            port,
+            host,
+            max_queries,
+            max_topk,
+        } => {
+            let index = std::sync::Arc::new(Bm25Index::open(&index)?);
+            let address = format!("{host}:{port}");
+            let listener = tokio::net::TcpListener::bind(&address)
+                .await
+                .with_context(|| format!("binding {address}"))?;
+            let limits = ServerLimits {
+                max_queries,
+                max_topk,
+                ..ServerLimits::default()
+            };
+            eprintln!(
+                "serving {} passages on http://{address}/retrieve (Ctrl-C stops)",
+                index.len()
+            );
+            serve(index, listener, limits, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+            Ok(0)
+        }
+        Command::World {
+            command:
+                WorldCommand::Generate {
+                    seed,
+                    entities,
+                    questions,
+                    out,
+                },
+        } => {
+            let world = World::generate(WorldConfig {
+                seed,
+                entities,
+                questions,
+            });
+            let files = world
+                .write(&out)
+                .with_context(|| format!("writing the world to {}", out.display()))?;
+            println!(
+                "{}: {} passages (corpus.jsonl), {} questions (questions.jsonl), {} targets (targets.jsonl)",
+                out.display(),
+                files.passages,
+                files.questions,
+                files.targets
+            );
+            Ok(0)
+        }
     }
+}
+
+/// Builds an index on a blocking thread, with a progress bar over the corpus bytes.
+async fn build_index(corpus: &Path, out: &Path, progress: &Progress) -> Result<u8> {
+    let total = std::fs::metadata(corpus)
+        .with_context(|| format!("reading {}", corpus.display()))?
+        .len();
+    let mut bar = progress.task("index", total);
+    let (corpus, out) = (corpus.to_path_buf(), out.to_path_buf());
+    let clock = std::time::Instant::now();
+    let stats = tokio::task::spawn_blocking(move || {
+        let mut reported = 0;
+        Bm25Index::build(&corpus, &out, |bytes| {
+            bar.inc(bytes - reported);
+            reported = bytes;
+        })
+        .map(|stats| (stats, out))
+    })
+    .await??;
+    let (stats, out) = stats;
+    let seconds = clock.elapsed().as_secs_f64();
+    println!(
+        "{}: {} passages indexed in {seconds:.1}s ({:.0} passages/s)",
+        out.display(),
+        stats.passages,
+        stats.passages as f64 / seconds.max(1e-9)
+    );
+    Ok(0)
 }
 
 /// Runs the remaining steps with Ctrl-C handling, then prints a summary.

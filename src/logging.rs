@@ -45,13 +45,15 @@ pub fn init(format: LogFormat, progress: &Progress) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.compact().try_init(),
+        // The span list carries the run id, step and stage of every event.
         LogFormat::Json => builder
             .json()
-            .with_current_span(true)
-            .with_span_list(false)
+            .with_current_span(false)
+            .with_span_list(true)
             .try_init(),
     };
 }

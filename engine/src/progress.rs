@@ -83,7 +83,8 @@ impl Progress {
         }
     }
 
-    pub(crate) fn stage(&self, stage: &str, total: u64) -> StageProgress {
+    /// A progress display for `total` units of one task (a stage, an index build).
+    pub fn task(&self, stage: &str, total: u64) -> StageProgress {
         let bar = (self.mode == ProgressMode::Bars).then(|| {
             let bar = self.bars.add(ProgressBar::new(total));
             bar.set_style(

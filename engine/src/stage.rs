@@ -242,6 +242,6 @@ impl StageContext {
 
     /// A progress display for `total` items of this stage's work.
     pub fn progress(&self, total: u64) -> StageProgress {
-        self.progress.stage(&self.stage, total)
+        self.progress.task(&self.stage, total)
     }
 }

@@ -1,8 +1,13 @@
 //! The SESA domain: the stage kinds and spec sections of self-evolving search-agent
-//! experiments, registered for the `sesa` binary.
+//! experiments, registered for the `sesa` binary, and the parts they use.
 //!
-//! Nothing is registered yet: the search, policy, skill-memory and loop stages land here one
-//! issue at a time (see the README's status section).
+//! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
+//! - `data`: question sets, answer metrics, generated worlds.
+//!
+//! No stage kind is registered yet: the policy, skill-memory and loop stages land here next.
+
+pub mod data;
+pub mod search;
 
 use sesa_engine::Registry;
 

@@ -1,0 +1,83 @@
+//! The agents' only tool: search. A batch of free-text queries in, the top-k documents of each
+//! out, from a local BM25 index or a Search-R1 retriever server, behind one [`Search`] trait.
+//!
+//! - `corpus`: streaming reader of Search-R1 JSONL corpora.
+//! - `bm25`: the tantivy index (build, open, query).
+//! - `retriever`: client of the Search-R1 `POST /retrieve` API; `server` serves an index with it.
+//! - `format`: how results are shown to a model, exactly as SSP does, in one place.
+
+mod bm25;
+mod corpus;
+mod format;
+mod retriever;
+mod server;
+
+use futures::future::BoxFuture;
+
+pub use self::bm25::{Bm25Index, IndexStats};
+pub use self::corpus::{CorpusError, CorpusReader};
+pub use self::format::format_results;
+pub use self::retriever::{RetrieverClient, RetrieverConfig};
+pub use self::server::{ServerLimits, serve};
+
+/// A passage of the corpus.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Doc {
+    /// The corpus id.
+    pub id: String,
+    /// The title, without the quotes the Search-R1 format puts around it.
+    pub title: String,
+    /// The passage text.
+    pub text: String,
+}
+
+impl Doc {
+    /// The Search-R1 `contents` field: the title in double quotes, a newline, the text.
+    pub fn contents(&self) -> String {
+        format!("\"{}\"\n{}", self.title, self.text)
+    }
+}
+
+/// A retrieved document and its score (higher is better).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    /// The document.
+    pub doc: Doc,
+    /// The retrieval score; comparable only within one backend.
+    pub score: f32,
+}
+
+/// Why a search failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SearchError {
+    /// The index could not be read or written.
+    #[error("index `{path}`: {message}")]
+    Index {
+        /// The index directory.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The retriever server could not be reached or answered badly.
+    #[error("retriever `{url}`: {message}")]
+    Retriever {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A search backend. `search` takes a batch of queries and returns, for each query in order,
+/// at most `k` hits, best first; ties keep the backend's order. A query that matches nothing
+/// (empty, only stopwords, unknown words) gets an empty list, not an error: queries come from
+/// models and are untrusted. Errors mean the backend itself failed.
+pub trait Search: Send + Sync {
+    /// Top-`k` hits for each of `queries`.
+    fn search<'a>(
+        &'a self,
+        queries: &'a [String],
+        k: usize,
+    ) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>>;
+}
