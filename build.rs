@@ -13,10 +13,7 @@ fn main() {
         .output()
         .ok()
         .is_some_and(|out| !out.stdout.is_empty());
-    println!(
-        "cargo:rustc-env=SESA_GIT_COMMIT={commit}{}",
-        if dirty { "-dirty" } else { "" }
-    );
+    println!("cargo:rustc-env=SESA_GIT_COMMIT={commit}{}", if dirty { "-dirty" } else { "" });
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/index");
 }

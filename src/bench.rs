@@ -20,22 +20,15 @@ pub fn bench_index(index: &Path, questions: &Path, k: usize) -> Result<u8> {
         latencies.push(clock.elapsed().as_secs_f64() * 1e3);
     }
     latencies.sort_by(f64::total_cmp);
-    let percentile =
-        |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let percentile = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let clock = Instant::now();
     let results = index.search_batch(&queries, k)?;
     let batch_seconds = clock.elapsed().as_secs_f64();
     println!("passages          {}", index.len());
     println!("queries           {}", queries.len());
-    println!(
-        "p50 latency       {:.3} ms (one query at a time, k={k})",
-        percentile(0.50)
-    );
+    println!("p50 latency       {:.3} ms (one query at a time, k={k})", percentile(0.50));
     println!("p99 latency       {:.3} ms", percentile(0.99));
-    println!(
-        "batch throughput  {:.0} queries/s (one batch, every core)",
-        queries.len() as f64 / batch_seconds
-    );
+    println!("batch throughput  {:.0} queries/s (one batch, every core)", queries.len() as f64 / batch_seconds);
     if questions.iter().any(|q| !q.supporting_titles.is_empty()) {
         for cut in [3, 10].into_iter().filter(|&c| c <= k) {
             let recall: f64 = questions

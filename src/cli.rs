@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use sesa_engine::manifest::{RunStatus, StepCommit, layout};
 use sesa_engine::{
-    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome,
-    SpecErrors, StopRequest, list_runs, load_pipeline,
+    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
+    list_runs, load_pipeline,
 };
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
@@ -166,12 +166,7 @@ const EXIT_INVALID_SPEC: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn code_version() -> &'static str {
-    concat!(
-        env!("CARGO_PKG_VERSION"),
-        " (",
-        env!("SESA_GIT_COMMIT"),
-        ")"
-    )
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
 }
 
 /// Runs the command line of the process with `registry`.
@@ -190,24 +185,13 @@ where
         Ok(cli) => cli,
         Err(error) => {
             let _ = error.print();
-            return if error.use_stderr() {
-                EXIT_INVALID_SPEC
-            } else {
-                0
-            };
+            return if error.use_stderr() { EXIT_INVALID_SPEC } else { 0 };
         }
     };
     let interactive = std::io::stderr().is_terminal() && cli.log_format == LogFormat::Text;
-    let progress = Progress::new(if interactive {
-        ProgressMode::Bars
-    } else {
-        ProgressMode::Lines
-    });
+    let progress = Progress::new(if interactive { ProgressMode::Bars } else { ProgressMode::Lines });
     logging::init(cli.log_format, &progress);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -233,30 +217,17 @@ where
 
 async fn dispatch(command: Command, registry: &Registry, progress: &Progress) -> Result<u8> {
     match command {
-        Command::Validate {
-            spec: path,
-            overrides,
-        } => {
+        Command::Validate { spec: path, overrides } => {
             let pipeline = load_pipeline(&path, &overrides, registry)?;
             let spec = pipeline.spec();
-            println!(
-                "{}: ok: `{}`, {} steps, {} stages",
-                path.display(),
-                spec.name,
-                spec.steps,
-                spec.stages.len()
-            );
+            println!("{}: ok: `{}`, {} steps, {} stages", path.display(), spec.name, spec.steps, spec.stages.len());
             Ok(0)
         }
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&registry.json_schema())?);
             Ok(0)
         }
-        Command::Graph {
-            spec,
-            overrides,
-            format,
-        } => {
+        Command::Graph { spec, overrides, format } => {
             let pipeline = load_pipeline(&spec, &overrides, registry)?;
             let format = match format {
                 Format::Mermaid => GraphFormat::Mermaid,
@@ -265,25 +236,17 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             print!("{}", pipeline.render(format));
             Ok(0)
         }
-        Command::Run {
-            spec,
-            overrides,
-            store,
-        } => {
+        Command::Run { spec, overrides, store } => {
             let pipeline = load_pipeline(&spec, &overrides, registry)?;
             let root = ArtifactStore::open(&store)?;
-            let run = Run::create(&root, pipeline, code_version())
-                .await
-                .context("creating the run")?;
+            let run = Run::create(&root, pipeline, code_version()).await.context("creating the run")?;
             eprintln!("run {} → {}", run.id(), run.location());
             execute(run, progress).await
         }
         Command::Resume { run } => {
             let (root, run_id) = split_run_location(&run)?;
             let root = ArtifactStore::open(&root)?;
-            let run = Run::open(&root, &run_id, registry)
-                .await
-                .with_context(|| format!("opening run `{run}`"))?;
+            let run = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
             let manifest = run.manifest();
             eprintln!(
                 "resuming run {} at step {} of {}",
@@ -297,12 +260,8 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             let root = ArtifactStore::open(&store)?;
             print_runs(&root).await
         }
-        Command::Index {
-            command: IndexCommand::Build { corpus, out },
-        } => build_index(&corpus, &out, progress).await,
-        Command::Index {
-            command: IndexCommand::Query { index, query, k },
-        } => {
+        Command::Index { command: IndexCommand::Build { corpus, out } } => build_index(&corpus, &out, progress).await,
+        Command::Index { command: IndexCommand::Query { index, query, k } } => {
             let index = Bm25Index::open(&index)?;
             let hits = index.search_one(&query, k)?;
             for hit in &hits {
@@ -311,61 +270,25 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             println!("{}", format_results(&[hits]));
             Ok(0)
         }
-        Command::Index {
-            command:
-                IndexCommand::Bench {
-                    index,
-                    questions,
-                    k,
-                },
-        } => {
-            tokio::task::spawn_blocking(move || crate::bench::bench_index(&index, &questions, k))
-                .await?
+        Command::Index { command: IndexCommand::Bench { index, questions, k } } => {
+            tokio::task::spawn_blocking(move || crate::bench::bench_index(&index, &questions, k)).await?
         }
-        Command::ServeRetriever {
-            index,
-            port,
-            host,
-            max_queries,
-            max_topk,
-        } => {
+        Command::ServeRetriever { index, port, host, max_queries, max_topk } => {
             let index = std::sync::Arc::new(Bm25Index::open(&index)?);
             let address = format!("{host}:{port}");
-            let listener = tokio::net::TcpListener::bind(&address)
-                .await
-                .with_context(|| format!("binding {address}"))?;
-            let limits = ServerLimits {
-                max_queries,
-                max_topk,
-                ..ServerLimits::default()
-            };
-            eprintln!(
-                "serving {} passages on http://{address}/retrieve (Ctrl-C stops)",
-                index.len()
-            );
+            let listener =
+                tokio::net::TcpListener::bind(&address).await.with_context(|| format!("binding {address}"))?;
+            let limits = ServerLimits { max_queries, max_topk, ..ServerLimits::default() };
+            eprintln!("serving {} passages on http://{address}/retrieve (Ctrl-C stops)", index.len());
             serve(index, listener, limits, async {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
             Ok(0)
         }
-        Command::World {
-            command:
-                WorldCommand::Generate {
-                    seed,
-                    entities,
-                    questions,
-                    out,
-                },
-        } => {
-            let world = World::generate(WorldConfig {
-                seed,
-                entities,
-                questions,
-            });
-            let files = world
-                .write(&out)
-                .with_context(|| format!("writing the world to {}", out.display()))?;
+        Command::World { command: WorldCommand::Generate { seed, entities, questions, out } } => {
+            let world = World::generate(WorldConfig { seed, entities, questions });
+            let files = world.write(&out).with_context(|| format!("writing the world to {}", out.display()))?;
             println!(
                 "{}: {} passages (corpus.jsonl), {} questions (questions.jsonl), {} targets (targets.jsonl)",
                 out.display(),
@@ -380,9 +303,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
 
 /// Builds an index on a blocking thread, with a progress bar over the corpus bytes.
 async fn build_index(corpus: &Path, out: &Path, progress: &Progress) -> Result<u8> {
-    let total = std::fs::metadata(corpus)
-        .with_context(|| format!("reading {}", corpus.display()))?
-        .len();
+    let total = std::fs::metadata(corpus).with_context(|| format!("reading {}", corpus.display()))?.len();
     let mut bar = progress.task("index", total);
     let (corpus, out) = (corpus.to_path_buf(), out.to_path_buf());
     let clock = std::time::Instant::now();
@@ -411,9 +332,7 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     let (stop_sender, stop) = watch::channel(StopRequest::None);
     let signals = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!(
-                "\nstopping after the current step is committed; press Ctrl-C again to abandon it"
-            );
+            eprintln!("\nstopping after the current step is committed; press Ctrl-C again to abandon it");
             let _ = stop_sender.send(StopRequest::AfterStep);
         }
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -423,13 +342,8 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     });
     let outcome = run.execute(progress, stop).await;
     signals.abort();
-    let outcome = outcome.with_context(|| {
-        format!(
-            "run {} stopped; fix the cause, then `sesa resume {}`",
-            run.id(),
-            run.location()
-        )
-    })?;
+    let outcome = outcome
+        .with_context(|| format!("run {} stopped; fix the cause, then `sesa resume {}`", run.id(), run.location()))?;
     print_summary(&run).await?;
     match outcome {
         RunOutcome::Completed => {
@@ -462,10 +376,7 @@ async fn print_summary(run: &Run) -> Result<()> {
             }
         }
     }
-    let mut tables: Vec<String> = commits
-        .iter()
-        .flat_map(|c| c.files.iter().map(|f| f.table.clone()))
-        .collect();
+    let mut tables: Vec<String> = commits.iter().flat_map(|c| c.files.iter().map(|f| f.table.clone())).collect();
     tables.sort();
     tables.dedup();
     let mut header = format!("{:>6} {:>10}", "step", "wall");
@@ -474,11 +385,7 @@ async fn print_summary(run: &Run) -> Result<()> {
     }
     println!("{header}");
     for commit in &commits {
-        let mut line = format!(
-            "{:>6} {:>9.2}s",
-            commit.step,
-            commit.wall_ms as f64 / 1000.0
-        );
+        let mut line = format!("{:>6} {:>9.2}s", commit.step, commit.wall_ms as f64 / 1000.0);
         for table in &tables {
             let rows = commit
                 .files
@@ -494,11 +401,7 @@ async fn print_summary(run: &Run) -> Result<()> {
 }
 
 fn truncate(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        text.to_string()
-    } else {
-        text.chars().take(width - 1).chain(['…']).collect()
-    }
+    if text.chars().count() <= width { text.to_string() } else { text.chars().take(width - 1).chain(['…']).collect() }
 }
 
 async fn print_runs(root: &ArtifactStore) -> Result<u8> {
@@ -507,16 +410,11 @@ async fn print_runs(root: &ArtifactStore) -> Result<u8> {
         println!("no runs in {}", root.describe(""));
         return Ok(0);
     }
-    println!(
-        "{:<44} {:<12} {:>11} {:<24} NAME",
-        "RUN", "STATUS", "STEPS", "CREATED"
-    );
+    println!("{:<44} {:<12} {:>11} {:<24} NAME", "RUN", "STATUS", "STEPS", "CREATED");
     for run in runs {
         let manifest = &run.manifest;
         let status = match manifest.status {
-            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => {
-                "stopped".to_string()
-            }
+            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => "stopped".to_string(),
             status => status.to_string(),
         };
         println!(
@@ -543,9 +441,7 @@ fn split_run_location(location: &str) -> Result<(String, String)> {
         let (root, id) = trimmed
             .rsplit_once('/')
             .filter(|(root, _)| !root.ends_with(':') && !root.ends_with('/'))
-            .with_context(|| {
-                format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>")
-            })?;
+            .with_context(|| format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>"))?;
         return Ok((root.to_string(), id.to_string()));
     }
     let path = Path::new(trimmed);
@@ -553,10 +449,7 @@ fn split_run_location(location: &str) -> Result<(String, String)> {
         .file_name()
         .and_then(|n| n.to_str())
         .with_context(|| format!("`{location}` is not a run directory; expected runs/<run-id>"))?;
-    let root = path
-        .parent()
-        .map(|p| p.to_string_lossy().into_owned())
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| ".".into());
+    let root =
+        path.parent().map(|p| p.to_string_lossy().into_owned()).filter(|p| !p.is_empty()).unwrap_or_else(|| ".".into());
     Ok((root, id.to_string()))
 }

@@ -50,10 +50,6 @@ pub fn init(format: LogFormat, progress: &Progress) {
     let _ = match format {
         LogFormat::Text => builder.compact().try_init(),
         // The span list carries the run id, step and stage of every event.
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(false)
-            .with_span_list(true)
-            .try_init(),
+        LogFormat::Json => builder.json().with_current_span(false).with_span_list(true).try_init(),
     };
 }

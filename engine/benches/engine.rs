@@ -39,11 +39,7 @@ fn noop_spec(steps: u64) -> String {
     let mut text = format!("name: bench\nseed: 1\nsteps: {steps}\nstages:\n  s0: {{kind: noop}}\n");
     for i in 1..8 {
         // Half a chain, half a fan-out from s0: both shapes of scheduling.
-        let parent = if i < 4 {
-            format!("s{}", i - 1)
-        } else {
-            "s0".to_string()
-        };
+        let parent = if i < 4 { format!("s{}", i - 1) } else { "s0".to_string() };
         text.push_str(&format!("  s{i}: {{kind: noop, after: [{parent}]}}\n"));
     }
     text
@@ -59,9 +55,7 @@ async fn engine_overhead(store: &ArtifactStore, label: &str, steps: u64) {
     let mut run = Run::create(store, pipeline, "bench").await.unwrap();
     let (_keep, stop) = tokio::sync::watch::channel(StopRequest::None);
     let clock = Instant::now();
-    run.execute(&Progress::new(ProgressMode::Hidden), stop)
-        .await
-        .unwrap();
+    run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap();
     let elapsed = clock.elapsed();
     let per_step = elapsed.as_secs_f64() / steps as f64;
     println!(
@@ -78,16 +72,8 @@ fn rollout_batch(rows: usize) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
         Field::new("question", DataType::Utf8, false),
         Field::new("text", DataType::Utf8, false),
-        Field::new(
-            "token_ids",
-            DataType::List(Arc::new(Field::new("item", DataType::UInt32, true))),
-            false,
-        ),
-        Field::new(
-            "logprobs",
-            DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
-            false,
-        ),
+        Field::new("token_ids", DataType::List(Arc::new(Field::new("item", DataType::UInt32, true))), false),
+        Field::new("logprobs", DataType::List(Arc::new(Field::new("item", DataType::Float32, true))), false),
         Field::new("reward", DataType::Float32, false),
         Field::new("rollout", DataType::UInt64, false),
     ]));
@@ -102,31 +88,14 @@ fn rollout_batch(rows: usize) -> RecordBatch {
         state ^= state << 17;
         state
     };
-    let words = [
-        "search",
-        "the",
-        "capital",
-        "of",
-        "Veltria",
-        "born",
-        "in",
-        "river",
-        "<search>",
-        "</answer>",
-    ];
+    let words = ["search", "the", "capital", "of", "Veltria", "born", "in", "river", "<search>", "</answer>"];
     for _ in 0..rows {
-        question.append_value(
-            "Who founded the company that employs the mayor of the town where Ada Brisk was born?",
-        );
-        let trajectory: Vec<&str> = (0..400)
-            .map(|_| words[(next() % words.len() as u64) as usize])
-            .collect();
+        question.append_value("Who founded the company that employs the mayor of the town where Ada Brisk was born?");
+        let trajectory: Vec<&str> = (0..400).map(|_| words[(next() % words.len() as u64) as usize]).collect();
         text.append_value(trajectory.join(" "));
         for _ in 0..500 {
             ids.values().append_value((next() % 49_152) as u32);
-            logprobs
-                .values()
-                .append_value(-((next() % 1000) as f32) / 250.0);
+            logprobs.values().append_value(-((next() % 1000) as f32) / 250.0);
         }
         ids.append(true);
         logprobs.append(true);
@@ -157,10 +126,7 @@ async fn parquet_throughput(store: &ArtifactStore) {
     for round in 0..rounds {
         let encoded: Bytes = encode_parquet(&batch).unwrap();
         written = encoded.len();
-        store
-            .put(&format!("bench/part-{round}.parquet"), encoded)
-            .await
-            .unwrap();
+        store.put(&format!("bench/part-{round}.parquet"), encoded).await.unwrap();
     }
     let seconds = clock.elapsed().as_secs_f64() / rounds as f64;
     println!(
@@ -176,15 +142,8 @@ async fn parquet_throughput(store: &ArtifactStore) {
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test` runs benches with no such flag: keep that fast.
-    let steps = if std::env::args().any(|a| a == "--bench") {
-        1000
-    } else {
-        20
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let steps = if std::env::args().any(|a| a == "--bench") { 1000 } else { 20 };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         engine_overhead(&ArtifactStore::in_memory(), "memory store", steps).await;
         let dir = tempfile::tempdir().unwrap();

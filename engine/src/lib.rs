@@ -93,11 +93,7 @@ pub use crate::store::{ArtifactStore, StoreError};
 
 /// Loads, types and checks the spec at `path` with `--set` style `overrides`: everything
 /// `sesa validate` does. Returns every problem found.
-pub fn load_pipeline(
-    path: &Path,
-    overrides: &[String],
-    registry: &Registry,
-) -> Result<Pipeline, SpecErrors> {
+pub fn load_pipeline(path: &Path, overrides: &[String], registry: &Registry) -> Result<Pipeline, SpecErrors> {
     let mut source = spec::SourceDoc::load(path)?;
     source.apply_overrides(overrides)?;
     let spec = spec::Spec::from_source(&source, registry)?;

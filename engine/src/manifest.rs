@@ -143,11 +143,7 @@ pub mod layout {
 
     /// The step of a commit record key.
     pub fn commit_step(key: &str) -> Option<u64> {
-        key.strip_prefix(COMMITS)?
-            .strip_prefix("/step-")?
-            .strip_suffix(".json")?
-            .parse()
-            .ok()
+        key.strip_prefix(COMMITS)?.strip_prefix("/step-")?.strip_suffix(".json")?.parse().ok()
     }
 
     /// Where `table` of `step` is published: hive-partitioned by step.

@@ -42,12 +42,8 @@ impl Pipeline {
         let mut problems = Vec::new();
         let mut graph = DiGraph::new();
         let nodes: Vec<NodeIndex> = (0..spec.stages.len()).map(|i| graph.add_node(i)).collect();
-        let index_of: HashMap<&str, usize> = spec
-            .stages
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.name.as_str(), i))
-            .collect();
+        let index_of: HashMap<&str, usize> =
+            spec.stages.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
         let names: Vec<String> = spec.stages.iter().map(|s| s.name.clone()).collect();
         for (child, stage) in spec.stages.iter().enumerate() {
             // `Spec` guarantees every `after` name exists.
@@ -59,9 +55,7 @@ impl Pipeline {
             let is_cycle = component.len() > 1 || graph.contains_edge(component[0], component[0]);
             if is_cycle {
                 let cycle = cycle_through(&graph, &component);
-                problems.push(SpecError::Cycle {
-                    cycle: cycle.iter().map(|&n| names[graph[n]].clone()).collect(),
-                });
+                problems.push(SpecError::Cycle { cycle: cycle.iter().map(|&n| names[graph[n]].clone()).collect() });
             }
         }
 
@@ -81,18 +75,13 @@ impl Pipeline {
                 });
             }
         }
-        let writers: BTreeMap<String, usize> =
-            writers.into_iter().map(|(t, s)| (t, s[0])).collect();
-        let acyclic = !problems
-            .iter()
-            .any(|p| matches!(p, SpecError::Cycle { .. }));
+        let writers: BTreeMap<String, usize> = writers.into_iter().map(|(t, s)| (t, s[0])).collect();
+        let acyclic = !problems.iter().any(|p| matches!(p, SpecError::Cycle { .. }));
         for (reader, tables) in inputs.iter().enumerate() {
             for table in tables {
                 let writer = writers.get(&table.name).copied();
                 let upstream = writer.is_some_and(|w| {
-                    acyclic
-                        && w != reader
-                        && has_path_connecting(&graph, nodes[w], nodes[reader], None)
+                    acyclic && w != reader && has_path_connecting(&graph, nodes[w], nodes[reader], None)
                 });
                 if !upstream && (acyclic || writer.is_none()) {
                     problems.push(SpecError::MissingInput {
@@ -108,14 +97,7 @@ impl Pipeline {
             return Err(SpecErrors(problems));
         }
         let order = stable_topological_order(&graph);
-        Ok(Pipeline {
-            spec,
-            graph,
-            order,
-            inputs,
-            outputs,
-            writers,
-        })
+        Ok(Pipeline { spec, graph, order, inputs, outputs, writers })
     }
 
     /// The spec this pipeline runs.
@@ -126,11 +108,7 @@ impl Pipeline {
     /// The stages that run at `step`, in a valid execution order.
     pub fn active(&self, step: u64) -> Vec<usize> {
         let steps = self.spec.steps;
-        self.order
-            .iter()
-            .copied()
-            .filter(|&i| self.spec.stages[i].schedule.fires(step, steps))
-            .collect()
+        self.order.iter().copied().filter(|&i| self.spec.stages[i].schedule.fires(step, steps)).collect()
     }
 
     /// The stages that `stage` waits for at `step`: its nearest ancestors that run at `step`,
@@ -141,10 +119,7 @@ impl Pipeline {
         let mut stack = vec![NodeIndex::new(stage)];
         let mut seen = vec![false; self.spec.stages.len()];
         while let Some(node) = stack.pop() {
-            for edge in self
-                .graph
-                .edges_directed(node, petgraph::Direction::Incoming)
-            {
+            for edge in self.graph.edges_directed(node, petgraph::Direction::Incoming) {
                 let parent = edge.source();
                 let index = self.graph[parent];
                 if std::mem::replace(&mut seen[index], true) {
@@ -178,9 +153,7 @@ impl Pipeline {
 
     /// Every table with its writer, sorted by table name.
     pub fn tables(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.writers
-            .iter()
-            .map(|(table, &writer)| (table.as_str(), writer))
+        self.writers.iter().map(|(table, &writer)| (table.as_str(), writer))
     }
 
     /// Renders the graph with each stage's kind and schedule; data edges are labelled with the
@@ -198,10 +171,7 @@ impl Pipeline {
         }
         let mut edges: Vec<(usize, usize, Vec<&str>, bool)> = Vec::new();
         for &child in &self.order {
-            for edge in self
-                .graph
-                .edges_directed(NodeIndex::new(child), petgraph::Direction::Incoming)
-            {
+            for edge in self.graph.edges_directed(NodeIndex::new(child), petgraph::Direction::Incoming) {
                 let parent = self.graph[edge.source()];
                 let tables = flows.remove(&(parent, child)).unwrap_or_default();
                 edges.push((parent, child, tables, true));
@@ -216,11 +186,7 @@ impl Pipeline {
                 let _ = writeln!(out, "flowchart TD");
                 for &i in &self.order {
                     let s = &stages[i];
-                    let _ = writeln!(
-                        out,
-                        "  {}[\"{}<br/>{} · {}\"]",
-                        s.name, s.name, s.kind, s.schedule
-                    );
+                    let _ = writeln!(out, "  {}[\"{}<br/>{} · {}\"]", s.name, s.name, s.kind, s.schedule);
                 }
                 for (from, to, tables, direct) in edges {
                     let (from, to) = (&stages[from].name, &stages[to].name);
@@ -237,11 +203,7 @@ impl Pipeline {
                 let _ = writeln!(out, "  rankdir=TB;\n  node [shape=box];");
                 for &i in &self.order {
                     let s = &stages[i];
-                    let _ = writeln!(
-                        out,
-                        "  \"{}\" [label=\"{}\\n{} · {}\"];",
-                        s.name, s.name, s.kind, s.schedule
-                    );
+                    let _ = writeln!(out, "  \"{}\" [label=\"{}\\n{} · {}\"];", s.name, s.name, s.kind, s.schedule);
                 }
                 for (from, to, tables, direct) in edges {
                     let style = if direct { "" } else { ", style=dashed" };
@@ -264,16 +226,9 @@ impl Pipeline {
 /// wherever the edges allow.
 fn stable_topological_order(graph: &DiGraph<usize, ()>) -> Vec<usize> {
     debug_assert!(toposort(graph, None).is_ok());
-    let mut indegree: Vec<usize> = graph
-        .node_indices()
-        .map(|n| {
-            graph
-                .edges_directed(n, petgraph::Direction::Incoming)
-                .count()
-        })
-        .collect();
-    let mut ready: std::collections::BTreeSet<usize> =
-        (0..indegree.len()).filter(|&i| indegree[i] == 0).collect();
+    let mut indegree: Vec<usize> =
+        graph.node_indices().map(|n| graph.edges_directed(n, petgraph::Direction::Incoming).count()).collect();
+    let mut ready: std::collections::BTreeSet<usize> = (0..indegree.len()).filter(|&i| indegree[i] == 0).collect();
     let mut order = Vec::with_capacity(indegree.len());
     while let Some(next) = ready.pop_first() {
         order.push(graph[NodeIndex::new(next)]);
@@ -289,10 +244,7 @@ fn stable_topological_order(graph: &DiGraph<usize, ()>) -> Vec<usize> {
 
 /// A cycle inside a strongly connected component, as a path that returns to its start.
 fn cycle_through(graph: &DiGraph<usize, ()>, component: &[NodeIndex]) -> Vec<NodeIndex> {
-    let start = *component
-        .iter()
-        .min_by_key(|n| graph[**n])
-        .expect("components are non-empty");
+    let start = *component.iter().min_by_key(|n| graph[**n]).expect("components are non-empty");
     let mut path = vec![start];
     let mut visited = vec![start];
     // Walk successors inside the component until we come back to `start`; a DFS with
@@ -305,10 +257,7 @@ fn cycle_through(graph: &DiGraph<usize, ()>, component: &[NodeIndex]) -> Vec<Nod
         visited: &mut Vec<NodeIndex>,
     ) -> bool {
         let here = *path.last().expect("path starts non-empty");
-        let mut next: Vec<NodeIndex> = graph
-            .neighbors(here)
-            .filter(|n| component.contains(n))
-            .collect();
+        let mut next: Vec<NodeIndex> = graph.neighbors(here).filter(|n| component.contains(n)).collect();
         next.sort_by_key(|n| graph[*n]);
         for node in next {
             if node == start {

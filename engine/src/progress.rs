@@ -43,11 +43,7 @@ impl Progress {
             ProgressMode::Bars => ProgressDrawTarget::stderr(),
             _ => ProgressDrawTarget::hidden(),
         };
-        Progress {
-            mode,
-            bars: MultiProgress::with_draw_target(target),
-            steps: Arc::default(),
-        }
+        Progress { mode, bars: MultiProgress::with_draw_target(target), steps: Arc::default() }
     }
 
     /// Runs `f` with the bars hidden, so that a log line does not tear them.
@@ -61,10 +57,8 @@ impl Progress {
         }
         let bar = self.bars.add(ProgressBar::new(total));
         bar.set_style(
-            ProgressStyle::with_template(
-                "steps {bar:30} {pos}/{len} [{elapsed_precise}, eta {eta}] {msg}",
-            )
-            .expect("the template is valid"),
+            ProgressStyle::with_template("steps {bar:30} {pos}/{len} [{elapsed_precise}, eta {eta}] {msg}")
+                .expect("the template is valid"),
         );
         bar.set_position(done);
         *self.steps.lock().expect("progress lock") = Some(bar);
@@ -88,10 +82,8 @@ impl Progress {
         let bar = (self.mode == ProgressMode::Bars).then(|| {
             let bar = self.bars.add(ProgressBar::new(total));
             bar.set_style(
-                ProgressStyle::with_template(
-                    "  {prefix:>12} {bar:30} {pos}/{len} {per_sec} eta {eta}",
-                )
-                .expect("the template is valid"),
+                ProgressStyle::with_template("  {prefix:>12} {bar:30} {pos}/{len} {per_sec} eta {eta}")
+                    .expect("the template is valid"),
             );
             bar.set_prefix(stage.to_string());
             bar

@@ -74,11 +74,7 @@ impl Registry {
             schema: |generator| generator.root_schema_for::<S::Config>(),
         };
         let previous = self.stages.insert(S::KIND, entry);
-        assert!(
-            previous.is_none(),
-            "stage kind `{}` registered twice",
-            S::KIND
-        );
+        assert!(previous.is_none(), "stage kind `{}` registered twice", S::KIND);
         self
     }
 
@@ -123,20 +119,14 @@ impl Registry {
             object.insert("description".into(), json!(entry.about));
             let properties = object.entry("properties").or_insert_with(|| json!({}));
             let properties = properties.as_object_mut().expect("properties is an object");
-            properties.insert(
-                "kind".into(),
-                json!({ "const": kind, "description": entry.about }),
-            );
+            properties.insert("kind".into(), json!({ "const": kind, "description": entry.about }));
             properties.insert(
                 "after".into(),
                 json!({ "type": "array", "items": { "type": "string" }, "description": "Stages that must finish first in every step where both run." }),
             );
             properties.insert("schedule".into(), json!({ "$ref": "#/$defs/Schedule" }));
             let required = object.entry("required").or_insert_with(|| json!([]));
-            required
-                .as_array_mut()
-                .expect("required is an array")
-                .push(json!("kind"));
+            required.as_array_mut().expect("required is an array").push(json!("kind"));
             object.insert("additionalProperties".into(), json!(false));
             stage_variants.push(schema);
         }
@@ -151,10 +141,7 @@ impl Registry {
         );
         for section in &self.sections {
             let schema = inline((section.schema)(&mut generator));
-            properties.insert(
-                section.key.into(),
-                json!({ "anyOf": [schema, { "type": "null" }] }),
-            );
+            properties.insert(section.key.into(), json!({ "anyOf": [schema, { "type": "null" }] }));
         }
         properties.insert(
             "stages".into(),
@@ -215,10 +202,7 @@ impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("stages", &self.stages.keys().collect::<Vec<_>>())
-            .field(
-                "sections",
-                &self.sections.iter().map(|s| s.key).collect::<Vec<_>>(),
-            )
+            .field("sections", &self.sections.iter().map(|s| s.key).collect::<Vec<_>>())
             .finish()
     }
 }

@@ -22,9 +22,7 @@ impl Resources {
 
     /// The value of type `T`, if present.
     pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
-        self.0
-            .get(&TypeId::of::<T>())
-            .and_then(|value| value.clone().downcast::<T>().ok())
+        self.0.get(&TypeId::of::<T>()).and_then(|value| value.clone().downcast::<T>().ok())
     }
 }
 

@@ -12,11 +12,7 @@ pub fn derive(run_seed: u64, step: u64, stage: &str, item: u64) -> u64 {
     hasher.update(stage.as_bytes());
     hasher.update(item.to_le_bytes());
     let digest = hasher.finalize();
-    u64::from_le_bytes(
-        digest[..8]
-            .try_into()
-            .expect("a SHA-256 digest has 32 bytes"),
-    )
+    u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
 
 #[cfg(test)]

@@ -34,10 +34,7 @@ pub struct TableSpec {
 impl TableSpec {
     /// A table named `name` with `schema`.
     pub fn new(name: impl Into<String>, schema: SchemaRef) -> Self {
-        TableSpec {
-            name: name.into(),
-            schema,
-        }
+        TableSpec { name: name.into(), schema }
     }
 }
 
@@ -53,9 +50,7 @@ impl Tables {
 
     /// The table `name`, or an error naming it.
     pub fn get(&self, name: &str) -> Result<&RecordBatch, StageError> {
-        self.0.get(name).ok_or_else(|| StageError::MissingTable {
-            table: name.to_string(),
-        })
+        self.0.get(name).ok_or_else(|| StageError::MissingTable { table: name.to_string() })
     }
 
     /// Adds or replaces a table.
@@ -97,10 +92,7 @@ pub struct ConfigProblem {
 impl ConfigProblem {
     /// A problem with `key`.
     pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigProblem {
-            key: key.into(),
-            message: message.into(),
-        }
+        ConfigProblem { key: key.into(), message: message.into() }
     }
 }
 
@@ -160,22 +152,14 @@ pub trait Stage: Send + Sync + Sized + 'static {
     fn outputs(&self) -> Vec<TableSpec>;
 
     /// Runs the stage for one step.
-    fn run(
-        &self,
-        cx: &StageContext,
-        inputs: Tables,
-    ) -> impl Future<Output = Result<Tables, StageError>> + Send;
+    fn run(&self, cx: &StageContext, inputs: Tables) -> impl Future<Output = Result<Tables, StageError>> + Send;
 }
 
 /// The object-safe face of [`Stage`] that the engine stores.
 pub(crate) trait DynStage: Send + Sync {
     fn inputs(&self) -> Vec<TableSpec>;
     fn outputs(&self) -> Vec<TableSpec>;
-    fn run<'a>(
-        &'a self,
-        cx: &'a StageContext,
-        inputs: Tables,
-    ) -> BoxFuture<'a, Result<Tables, StageError>>;
+    fn run<'a>(&'a self, cx: &'a StageContext, inputs: Tables) -> BoxFuture<'a, Result<Tables, StageError>>;
 }
 
 impl<S: Stage> DynStage for S {
@@ -185,11 +169,7 @@ impl<S: Stage> DynStage for S {
     fn outputs(&self) -> Vec<TableSpec> {
         Stage::outputs(self)
     }
-    fn run<'a>(
-        &'a self,
-        cx: &'a StageContext,
-        inputs: Tables,
-    ) -> BoxFuture<'a, Result<Tables, StageError>> {
+    fn run<'a>(&'a self, cx: &'a StageContext, inputs: Tables) -> BoxFuture<'a, Result<Tables, StageError>> {
         Box::pin(Stage::run(self, cx, inputs))
     }
 }
@@ -233,11 +213,7 @@ impl StageContext {
 
     /// A shared resource of the run, built once from the spec.
     pub fn resource<T: Any + Send + Sync>(&self) -> Result<Arc<T>, StageError> {
-        self.resources
-            .get::<T>()
-            .ok_or(StageError::MissingResource {
-                type_name: std::any::type_name::<T>(),
-            })
+        self.resources.get::<T>().ok_or(StageError::MissingResource { type_name: std::any::type_name::<T>() })
     }
 
     /// A progress display for `total` items of this stage's work.

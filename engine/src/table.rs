@@ -11,9 +11,7 @@ use parquet::file::properties::WriterProperties;
 
 /// Encodes `batch` as one Parquet file, zstd-compressed.
 pub fn encode_parquet(batch: &RecordBatch) -> Result<Bytes, ParquetError> {
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build();
+    let properties = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
     let mut buffer = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut buffer, batch.schema(), Some(properties))?;
     writer.write(batch)?;
@@ -33,15 +31,9 @@ pub fn decode_parquet(bytes: Bytes) -> Result<RecordBatch, ParquetError> {
 pub(crate) fn matches_schema(batch: &RecordBatch, declared: &SchemaRef) -> bool {
     let actual = batch.schema();
     actual.fields().len() == declared.fields().len()
-        && actual
-            .fields()
-            .iter()
-            .zip(declared.fields().iter())
-            .all(|(a, d)| {
-                a.name() == d.name()
-                    && a.data_type() == d.data_type()
-                    && (d.is_nullable() || !a.is_nullable())
-            })
+        && actual.fields().iter().zip(declared.fields().iter()).all(|(a, d)| {
+            a.name() == d.name() && a.data_type() == d.data_type() && (d.is_nullable() || !a.is_nullable())
+        })
 }
 
 /// A short description of a schema for error messages: `name: type, ...`.
@@ -49,14 +41,7 @@ pub(crate) fn describe_schema(schema: &SchemaRef) -> String {
     schema
         .fields()
         .iter()
-        .map(|f| {
-            format!(
-                "{}: {}{}",
-                f.name(),
-                f.data_type(),
-                if f.is_nullable() { "?" } else { "" }
-            )
-        })
+        .map(|f| format!("{}: {}{}", f.name(), f.data_type(), if f.is_nullable() { "?" } else { "" }))
         .collect::<Vec<_>>()
         .join(", ")
 }

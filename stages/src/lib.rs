@@ -4,7 +4,8 @@
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //!
-//! No stage kind is registered yet: the policy, skill-memory and loop stages land here next.
+//! Registered so far: the `search:` section. The policy, skill-memory and loop stage kinds land
+//! here next.
 
 pub mod data;
 pub mod search;
@@ -13,5 +14,7 @@ use sesa_engine::Registry;
 
 /// The registry of every SESA stage kind and spec section.
 pub fn registry() -> Registry {
-    Registry::new()
+    let mut registry = Registry::new();
+    registry.section::<search::SearchConfig>();
+    registry
 }

@@ -8,9 +8,7 @@ use crate::support::registry;
 
 fn render(spec: &str, format: GraphFormat) -> String {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    load_pipeline(&fixtures.join(spec), &[], &registry())
-        .unwrap()
-        .render(format)
+    load_pipeline(&fixtures.join(spec), &[], &registry()).unwrap().render(format)
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! Modules: `support` (test-only stage kinds and a way to run `sesa` as a child process),
 //! `specs` (validation errors, extends, overrides), `graph` (rendered graphs), `runs` (run,
 //! resume, SIGKILL crash recovery, Ctrl-C), `s3` (the same on an S3 server), `analysis` (DuckDB over the Parquet output),
-//! `schema` (the checked-in JSON Schema is current).
+//! `schema` (the checked-in JSON Schema is current), `tools` (world, index and retriever commands).
 
 mod analysis;
 mod graph;
@@ -12,6 +12,7 @@ mod s3;
 mod schema;
 mod specs;
 mod support;
+mod tools;
 
 /// Entry point of child `sesa` processes: when `SESA_IT_CHILD_ARGS` is set, this test runs the
 /// real command line with the test stage kinds and exits with its code; otherwise it does
@@ -20,10 +21,7 @@ mod support;
 fn child_process_entry() {
     if let Ok(args) = std::env::var(support::CHILD_ARGS) {
         let args: Vec<String> = serde_json::from_str(&args).expect("child args are a JSON list");
-        let code = sesa::run_cli(
-            std::iter::once("sesa".to_string()).chain(args),
-            support::registry(),
-        );
+        let code = sesa::run_cli(std::iter::once("sesa".to_string()).chain(args), support::registry());
         std::process::exit(code.into());
     }
 }

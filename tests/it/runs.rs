@@ -9,9 +9,7 @@ use sesa_engine::manifest::{RunManifest, RunStatus};
 use crate::support::{only_run, read_tables, run_sesa, spawn_sesa, write};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 fn manifest(run: &Path) -> RunManifest {
@@ -20,27 +18,15 @@ fn manifest(run: &Path) -> RunManifest {
 
 fn run_to_completion(store: &Path, extra: &[&str]) -> PathBuf {
     let spec = fixture("pipeline.yaml");
-    let mut args = vec![
-        "run",
-        spec.to_str().unwrap(),
-        "--store",
-        store.to_str().unwrap(),
-    ];
+    let mut args = vec!["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap()];
     args.extend(extra);
     let output = run_sesa(&args, store.parent().unwrap());
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     only_run(store)
 }
 
 fn assert_no_staging(run: &Path) {
-    let staged = std::fs::read_dir(run.join("_staging"))
-        .map(|entries| entries.count())
-        .unwrap_or(0);
+    let staged = std::fs::read_dir(run.join("_staging")).map(|entries| entries.count()).unwrap_or(0);
     assert_eq!(staged, 0, "staging files left in {}", run.display());
 }
 
@@ -49,10 +35,7 @@ fn a_run_writes_hive_partitioned_tables_and_commit_records() {
     let dir = tempfile::tempdir().unwrap();
     let run = run_to_completion(&dir.path().join("runs"), &[]);
     let tables = read_tables(&run);
-    let keys: Vec<String> = tables
-        .keys()
-        .map(|(t, s)| format!("{t}/step={s}"))
-        .collect();
+    let keys: Vec<String> = tables.keys().map(|(t, s)| format!("{t}/step={s}")).collect();
     insta::assert_snapshot!(keys.join("\n"), @"
     numbers/step=1
     numbers/step=2
@@ -73,24 +56,14 @@ fn a_run_writes_hive_partitioned_tables_and_commit_records() {
     ");
     assert_eq!(tables[&("numbers".to_string(), 3)].num_rows(), 40);
     let manifest = manifest(&run);
-    assert_eq!(
-        (manifest.status, manifest.committed_steps, manifest.steps),
-        (RunStatus::Completed, 6, 6)
-    );
+    assert_eq!((manifest.status, manifest.committed_steps, manifest.steps), (RunStatus::Completed, 6, 6));
     let commit: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("commits/step-00000002.json")).unwrap())
-            .unwrap();
-    let stages: Vec<&str> = commit["stages"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
+        serde_json::from_slice(&std::fs::read(run.join("commits/step-00000002.json")).unwrap()).unwrap();
+    let stages: Vec<&str> = commit["stages"].as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(stages, ["numbers", "square", "total"]);
     // `square` read `offsets` from step 1, recorded with the fingerprint that step committed.
     let step1: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("commits/step-00000001.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(run.join("commits/step-00000001.json")).unwrap()).unwrap();
     assert_eq!(commit["stages"]["square"]["inputs"]["offsets"]["step"], 1);
     assert_eq!(
         commit["stages"]["square"]["inputs"]["offsets"]["fingerprint"],
@@ -106,14 +79,8 @@ fn the_same_seed_gives_the_same_tables_and_another_seed_does_not() {
     let first = read_tables(&run_to_completion(&dir.path().join("a"), &[]));
     let second = read_tables(&run_to_completion(&dir.path().join("b"), &[]));
     assert_eq!(first, second);
-    let other = read_tables(&run_to_completion(
-        &dir.path().join("c"),
-        &["--set", "seed=8"],
-    ));
-    assert_ne!(
-        first[&("numbers".to_string(), 1)],
-        other[&("numbers".to_string(), 1)]
-    );
+    let other = read_tables(&run_to_completion(&dir.path().join("c"), &["--set", "seed=8"]));
+    assert_ne!(first[&("numbers".to_string(), 1)], other[&("numbers".to_string(), 1)]);
 }
 
 /// Kills `sesa run` (and then `sesa resume`) with SIGKILL at random moments, resumes until the
@@ -130,25 +97,14 @@ fn sigkill_at_random_moments_then_resume_gives_identical_tables() {
         let store_arg = store.to_str().unwrap();
         // Each step takes about 200 ms of stage work; kill somewhere in the first steps.
         let set_delay = "stages.numbers.delay_ms=200";
-        let mut child = spawn_sesa(
-            &[
-                "run",
-                spec.to_str().unwrap(),
-                "--store",
-                store_arg,
-                "--set",
-                set_delay,
-            ],
-            dir.path(),
-        );
+        let mut child =
+            spawn_sesa(&["run", spec.to_str().unwrap(), "--store", store_arg, "--set", set_delay], dir.path());
         std::thread::sleep(Duration::from_millis(rng.random_range(100..1200)));
         child.kill().unwrap();
         child.wait().unwrap();
         let mut kills = 1;
         loop {
-            let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else {
-                panic!("no run created")
-            };
+            let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { panic!("no run created") };
             let run_arg = run.to_str().unwrap().to_string();
             let mut resume = spawn_sesa(&["resume", &run_arg], dir.path());
             if kills < 3 && rng.random_bool(0.5) {
@@ -164,18 +120,10 @@ fn sigkill_at_random_moments_then_resume_gives_identical_tables() {
         }
         let run = only_run(&store);
         let resumed = read_tables(&run);
-        assert_eq!(
-            resumed.len(),
-            reference.len(),
-            "trial {trial}: partitions differ"
-        );
+        assert_eq!(resumed.len(), reference.len(), "trial {trial}: partitions differ");
         for (key, batch) in &reference {
             // `numbers` ran with a delay here; its values do not depend on it.
-            assert_eq!(
-                resumed.get(key),
-                Some(batch),
-                "trial {trial}: {key:?} differs"
-            );
+            assert_eq!(resumed.get(key), Some(batch), "trial {trial}: {key:?} differs");
         }
         assert_eq!(manifest(&run).status, RunStatus::Completed);
         assert_no_staging(&run);
@@ -189,43 +137,24 @@ fn ctrl_c_stops_after_a_committed_step_and_resume_finishes() {
     let store = dir.path().join("runs");
     let spec = fixture("pipeline.yaml");
     let child = spawn_sesa(
-        &[
-            "run",
-            spec.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--set",
-            "stages.numbers.delay_ms=300",
-        ],
+        &["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap(), "--set", "stages.numbers.delay_ms=300"],
         dir.path(),
     );
     std::thread::sleep(Duration::from_millis(700));
-    let killed = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    let killed = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     assert!(killed.success());
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(130));
     let run = only_run(&store);
     let stopped = manifest(&run);
     assert_eq!(stopped.status, RunStatus::Interrupted);
-    assert!(
-        (1..6).contains(&stopped.committed_steps),
-        "committed {}",
-        stopped.committed_steps
-    );
+    assert!((1..6).contains(&stopped.committed_steps), "committed {}", stopped.committed_steps);
     assert_no_staging(&run);
     let listing = run_sesa(&["runs", "--store", store.to_str().unwrap()], dir.path());
     let listing = String::from_utf8_lossy(&listing.stdout);
     assert!(listing.contains("interrupted"), "{listing}");
     let output = run_sesa(&["resume", run.to_str().unwrap()], dir.path());
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(read_tables(&run), reference);
 }
 
@@ -238,36 +167,16 @@ fn a_failing_stage_keeps_earlier_steps_and_says_how_to_resume() {
         "name: failing\nseed: 1\nsteps: 4\nstages:\n  numbers: {kind: numbers, rows: 5}\n  fail: {kind: fail, at_step: 3}\n",
     );
     let store = dir.path().join("runs");
-    let output = run_sesa(
-        &[
-            "run",
-            spec.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    let output = run_sesa(&["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap()], dir.path());
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("stage `fail` failed at step 3: told to fail at step 3"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("stage `fail` failed at step 3: told to fail at step 3"), "{stderr}");
     assert!(stderr.contains("sesa resume"), "{stderr}");
     let run = only_run(&store);
     let manifest = manifest(&run);
-    assert_eq!(
-        (manifest.status, manifest.committed_steps),
-        (RunStatus::Failed, 2)
-    );
+    assert_eq!((manifest.status, manifest.committed_steps), (RunStatus::Failed, 2));
     assert!(manifest.error.unwrap().contains("told to fail"));
-    assert_eq!(
-        read_tables(&run)
-            .keys()
-            .filter(|(t, _)| t == "numbers")
-            .count(),
-        2
-    );
+    assert_eq!(read_tables(&run).keys().filter(|(t, _)| t == "numbers").count(), 2);
     assert_no_staging(&run);
 }
 

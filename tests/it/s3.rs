@@ -16,27 +16,17 @@ struct S3Server {
 
 impl S3Server {
     fn start() -> Option<S3Server> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
+        let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
         let child = Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .ok()?;
-        let server = S3Server {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
+        let server = S3Server { child, endpoint: format!("http://127.0.0.1:{port}") };
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not start on port {port}"
-            );
+            assert!(Instant::now() < deadline, "moto_server did not start on port {port}");
             std::thread::sleep(Duration::from_millis(100));
         }
         Some(server)
@@ -57,15 +47,8 @@ impl S3Server {
             "import boto3\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\n{code}",
             self.endpoint
         );
-        let output = Command::new("python3")
-            .args(["-c", &script])
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let output = Command::new("python3").args(["-c", &script]).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
@@ -80,10 +63,7 @@ impl Drop for S3Server {
 #[test]
 fn a_run_on_s3_is_killed_resumed_and_matches_a_local_run() {
     let Some(server) = S3Server::start() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must have moto_server (pip install 'moto[server]')"
-        );
+        assert!(std::env::var_os("CI").is_none(), "CI must have moto_server (pip install 'moto[server]')");
         eprintln!(
             "SKIPPED a_run_on_s3_is_killed_resumed_and_matches_a_local_run: pip install 'moto[server]' to run it"
         );
@@ -94,35 +74,14 @@ fn a_run_on_s3_is_killed_resumed_and_matches_a_local_run() {
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipeline.yaml");
     let spec = spec.to_str().unwrap();
     let local = dir.path().join("local");
-    let output = run_sesa(
-        &["run", spec, "--store", local.to_str().unwrap()],
-        dir.path(),
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = run_sesa(&["run", spec, "--store", local.to_str().unwrap()], dir.path());
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let reference = read_tables(&crate::support::only_run(&local));
 
     let store = "s3://experiments/team/runs";
-    let mut command = sesa(
-        &[
-            "run",
-            spec,
-            "--store",
-            store,
-            "--set",
-            "stages.numbers.delay_ms=200",
-        ],
-        dir.path(),
-    );
+    let mut command = sesa(&["run", spec, "--store", store, "--set", "stages.numbers.delay_ms=200"], dir.path());
     server.configure(&mut command);
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(700));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -132,21 +91,13 @@ fn a_run_on_s3_is_killed_resumed_and_matches_a_local_run() {
     let listing = String::from_utf8_lossy(&command.output().unwrap().stdout).into_owned();
     let run_id = listing
         .lines()
-        .find_map(|line| {
-            line.split_whitespace()
-                .next()
-                .filter(|id| id.starts_with("test-pipeline-"))
-        })
+        .find_map(|line| line.split_whitespace().next().filter(|id| id.starts_with("test-pipeline-")))
         .unwrap_or_else(|| panic!("no run listed: {listing}"))
         .to_string();
     let mut command = sesa(&["resume", &format!("{store}/{run_id}")], dir.path());
     server.configure(&mut command);
     let output = command.output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 
     let mirror = dir.path().join("mirror");
     server.python(&format!(
@@ -160,8 +111,6 @@ fn a_run_on_s3_is_killed_resumed_and_matches_a_local_run() {
         mirror.display()
     ));
     assert_eq!(read_tables(&mirror), reference);
-    let staged = std::fs::read_dir(mirror.join("_staging"))
-        .map(|e| e.count())
-        .unwrap_or(0);
+    let staged = std::fs::read_dir(mirror.join("_staging")).map(|e| e.count()).unwrap_or(0);
     assert_eq!(staged, 0, "staging objects left on S3");
 }

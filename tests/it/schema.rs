@@ -6,8 +6,7 @@ use std::path::Path;
 #[test]
 fn checked_in_spec_schema_is_current() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/spec.schema.json");
-    let generated =
-        serde_json::to_string_pretty(&sesa_stages::registry().json_schema()).unwrap() + "\n";
+    let generated = serde_json::to_string_pretty(&sesa_stages::registry().json_schema()).unwrap() + "\n";
     if std::env::var_os("SESA_UPDATE_SCHEMAS").is_some() {
         std::fs::write(&path, &generated).unwrap();
     }
@@ -21,20 +20,9 @@ fn checked_in_spec_schema_is_current() {
 #[test]
 fn the_schema_describes_stage_kinds_and_sections() {
     let schema = crate::support::registry().json_schema();
-    let variants = schema
-        .pointer("/properties/stages/additionalProperties/anyOf/0/oneOf")
-        .unwrap()
-        .as_array()
-        .unwrap();
-    let kinds: Vec<&str> = variants
-        .iter()
-        .map(|v| {
-            v.pointer("/properties/kind/const")
-                .unwrap()
-                .as_str()
-                .unwrap()
-        })
-        .collect();
+    let variants = schema.pointer("/properties/stages/additionalProperties/anyOf/0/oneOf").unwrap().as_array().unwrap();
+    let kinds: Vec<&str> =
+        variants.iter().map(|v| v.pointer("/properties/kind/const").unwrap().as_str().unwrap()).collect();
     assert_eq!(kinds, ["fail", "numbers", "offsets", "square", "total"]);
     let numbers = &variants[1];
     assert_eq!(numbers.pointer("/properties/rows/type").unwrap(), "integer");

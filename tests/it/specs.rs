@@ -151,10 +151,7 @@ fn yaml_syntax_errors_give_line_and_column() {
 
 #[test]
 fn overrides_are_validated_like_the_file() {
-    assert_eq!(
-        problems_with(VALID, &["steps=5", "stages.numbers.rows=10"]),
-        "valid"
-    );
+    assert_eq!(problems_with(VALID, &["steps=5", "stages.numbers.rows=10"]), "valid");
     insta::assert_snapshot!(problems_with(VALID, &["steps=many", "stages.numbers.rows=-3"]), @"
     the spec has 2 problems:
       - --set steps=many: steps: expected an integer >= 1
@@ -166,12 +163,7 @@ fn overrides_are_validated_like_the_file() {
 fn an_ablation_drops_a_stage_in_one_line() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let pipeline = load_pipeline(&fixtures.join("no_total.yaml"), &[], &registry()).unwrap();
-    let names: Vec<&str> = pipeline
-        .spec()
-        .stages
-        .iter()
-        .map(|s| s.name.as_str())
-        .collect();
+    let names: Vec<&str> = pipeline.spec().stages.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["offsets", "numbers", "square"]);
     assert_eq!(pipeline.spec().name, "no total");
     assert_eq!(pipeline.spec().steps, 6);
@@ -180,11 +172,7 @@ fn an_ablation_drops_a_stage_in_one_line() {
 #[test]
 fn sesa_validate_exits_2_and_prints_every_problem() {
     let dir = tempfile::tempdir().unwrap();
-    write(
-        dir.path(),
-        "bad.yaml",
-        "name: t\nseed: 1\nsteps: 0\nstages:\n  x: {kind: nope}\n",
-    );
+    write(dir.path(), "bad.yaml", "name: t\nseed: 1\nsteps: 0\nstages:\n  x: {kind: nope}\n");
     let output = run_sesa(&["validate", "bad.yaml"], dir.path());
     assert_eq!(output.status.code(), Some(2));
     insta::assert_snapshot!(String::from_utf8_lossy(&output.stderr), @"
@@ -194,11 +182,6 @@ fn sesa_validate_exits_2_and_prints_every_problem() {
     ");
     write(dir.path(), "good.yaml", VALID);
     let output = run_sesa(&["validate", "good.yaml"], dir.path());
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     insta::assert_snapshot!(stdout(&output), @"good.yaml: ok: `t`, 2 steps, 1 stages");
 }

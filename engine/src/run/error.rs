@@ -26,9 +26,7 @@ pub enum RunError {
         source: StageError,
     },
     /// A stage returned a table with other columns than it declared (a bug in the stage).
-    #[error(
-        "stage `{stage}` wrote table `{table}` with columns ({found}) but declares ({expected})"
-    )]
+    #[error("stage `{stage}` wrote table `{table}` with columns ({found}) but declares ({expected})")]
     Schema {
         /// The stage.
         stage: String,

@@ -64,10 +64,7 @@ pub struct Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Run")
-            .field("id", &self.manifest.run_id)
-            .field("store", &self.store)
-            .finish()
+        f.debug_struct("Run").field("id", &self.manifest.run_id).field("store", &self.store).finish()
     }
 }
 
@@ -83,25 +80,12 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 impl Run {
     /// Creates a new run of `pipeline` under `root`, named after the spec and the time.
-    pub async fn create(
-        root: &ArtifactStore,
-        pipeline: Pipeline,
-        code_version: &str,
-    ) -> Result<Run, RunError> {
+    pub async fn create(root: &ArtifactStore, pipeline: Pipeline, code_version: &str) -> Result<Run, RunError> {
         let spec = pipeline.spec();
         let created_at = now();
-        let stamp: String = created_at
-            .chars()
-            .filter(|c| c.is_ascii_digit())
-            .take(14)
-            .collect();
+        let stamp: String = created_at.chars().filter(|c| c.is_ascii_digit()).take(14).collect();
         let suffix = format!("{:04x}", rand::random::<u16>());
-        let run_id = format!(
-            "{}-{}T{}-{suffix}",
-            slug(&spec.name),
-            &stamp[..8],
-            &stamp[8..]
-        );
+        let run_id = format!("{}-{}T{}-{suffix}", slug(&spec.name), &stamp[..8], &stamp[8..]);
         let store = root.scoped(&run_id);
         let manifest = RunManifest {
             run_id,
@@ -118,63 +102,35 @@ impl Run {
             error: None,
             pid: Some(std::process::id()),
         };
-        let yaml =
-            serde_yaml::to_string(&spec.resolved).map_err(|e| RunError::Internal(e.to_string()))?;
+        let yaml = serde_yaml::to_string(&spec.resolved).map_err(|e| RunError::Internal(e.to_string()))?;
         let header = "# The resolved spec of this run: `extends` merged and overrides applied.\n";
-        store
-            .put(layout::SPEC, Bytes::from(format!("{header}{yaml}")))
-            .await?;
+        store.put(layout::SPEC, Bytes::from(format!("{header}{yaml}"))).await?;
         let resources = Arc::new(spec.sections.clone());
-        let run = Run {
-            store,
-            pipeline: Arc::new(pipeline),
-            resources,
-            manifest,
-            latest: HashMap::new(),
-        };
+        let run = Run { store, pipeline: Arc::new(pipeline), resources, manifest, latest: HashMap::new() };
         run.write_manifest().await?;
         Ok(run)
     }
 
     /// Opens run `run_id` under `root` to resume it: re-validates its saved spec with
     /// `registry`, rolls a committed-but-unpublished step forward and sweeps uncommitted files.
-    pub async fn open(
-        root: &ArtifactStore,
-        run_id: &str,
-        registry: &Registry,
-    ) -> Result<Run, RunError> {
+    pub async fn open(root: &ArtifactStore, run_id: &str, registry: &Registry) -> Result<Run, RunError> {
         let store = root.scoped(run_id);
         let manifest_bytes =
-            store
-                .get(layout::MANIFEST)
-                .await?
-                .ok_or_else(|| RunError::NotARun {
-                    location: store.describe(""),
-                })?;
-        let mut manifest: RunManifest =
-            serde_json::from_slice(&manifest_bytes).map_err(|e| RunError::Corrupt {
-                location: store.describe(layout::MANIFEST),
-                reason: e.to_string(),
-            })?;
+            store.get(layout::MANIFEST).await?.ok_or_else(|| RunError::NotARun { location: store.describe("") })?;
+        let mut manifest: RunManifest = serde_json::from_slice(&manifest_bytes)
+            .map_err(|e| RunError::Corrupt { location: store.describe(layout::MANIFEST), reason: e.to_string() })?;
         let spec_bytes = store
             .get(layout::SPEC)
             .await?
-            .ok_or_else(|| RunError::Corrupt {
-                location: store.describe(layout::SPEC),
-                reason: "missing".into(),
-            })?;
+            .ok_or_else(|| RunError::Corrupt { location: store.describe(layout::SPEC), reason: "missing".into() })?;
         let spec_text = String::from_utf8_lossy(&spec_bytes).into_owned();
-        let source = SourceDoc::from_text(&spec_text, &store.describe(layout::SPEC))
-            .map_err(SpecErrors::from)?;
+        let source = SourceDoc::from_text(&spec_text, &store.describe(layout::SPEC)).map_err(SpecErrors::from)?;
         let spec = Spec::from_source(&source, registry)?;
         let hash = spec_hash(&spec);
         if hash != manifest.spec_hash {
             return Err(RunError::Corrupt {
                 location: store.describe(layout::SPEC),
-                reason: format!(
-                    "its hash {hash} differs from the manifest's {}",
-                    manifest.spec_hash
-                ),
+                reason: format!("its hash {hash} differs from the manifest's {}", manifest.spec_hash),
             });
         }
         let pipeline = Pipeline::new(spec, &source)?;
@@ -186,11 +142,7 @@ impl Run {
             }
         }
         committed.sort_unstable();
-        if let Some((position, &step)) = committed
-            .iter()
-            .enumerate()
-            .find(|(i, s)| **s != *i as u64 + 1)
-        {
+        if let Some((position, &step)) = committed.iter().enumerate().find(|(i, s)| **s != *i as u64 + 1) {
             return Err(RunError::Corrupt {
                 location: store.describe(layout::COMMITS),
                 reason: format!("step {step} is committed but step {} is not", position + 1),
@@ -201,13 +153,7 @@ impl Run {
         for &step in &committed {
             let commit = read_commit(&store, step).await?;
             for file in &commit.files {
-                latest.insert(
-                    file.table.clone(),
-                    TableVersion {
-                        step,
-                        fingerprint: file.fingerprint.clone(),
-                    },
-                );
+                latest.insert(file.table.clone(), TableVersion { step, fingerprint: file.fingerprint.clone() });
             }
             last_commit = Some(commit);
         }
@@ -220,13 +166,7 @@ impl Run {
         manifest.committed_steps = committed.len() as u64;
         manifest.pid = Some(std::process::id());
         let resources = Arc::new(pipeline.spec().sections.clone());
-        Ok(Run {
-            store,
-            pipeline: Arc::new(pipeline),
-            resources,
-            manifest,
-            latest,
-        })
+        Ok(Run { store, pipeline: Arc::new(pipeline), resources, manifest, latest })
     }
 
     /// The run's id.
@@ -293,8 +233,7 @@ impl Run {
                 Some(Ok(commit)) => self.committed(commit, progress).await?,
                 Some(Err(error)) => {
                     step::discard_staging(&self.store, step).await;
-                    self.stop_with(RunStatus::Failed, Some(error.to_string()))
-                        .await?;
+                    self.stop_with(RunStatus::Failed, Some(error.to_string())).await?;
                     progress.finish();
                     return Err(error);
                 }
@@ -321,47 +260,26 @@ impl Run {
             pipeline: self.pipeline.clone(),
             resources: self.resources.clone(),
             progress: progress.clone(),
-            latest: self
-                .latest
-                .iter()
-                .map(|(t, v)| (t.clone(), (v.step, v.fingerprint.clone())))
-                .collect(),
+            latest: self.latest.iter().map(|(t, v)| (t.clone(), (v.step, v.fingerprint.clone()))).collect(),
         }
     }
 
     async fn committed(&mut self, commit: StepCommit, progress: &Progress) -> Result<(), RunError> {
         publish(&self.store, &commit).await?;
         for file in &commit.files {
-            self.latest.insert(
-                file.table.clone(),
-                TableVersion {
-                    step: commit.step,
-                    fingerprint: file.fingerprint.clone(),
-                },
-            );
+            self.latest
+                .insert(file.table.clone(), TableVersion { step: commit.step, fingerprint: file.fingerprint.clone() });
         }
         self.manifest.committed_steps = commit.step;
         self.manifest.updated_at = commit.committed_at.clone();
         self.write_manifest().await?;
         let rows: u64 = commit.files.iter().map(|f| f.rows).sum();
-        tracing::info!(
-            step = commit.step,
-            wall_ms = commit.wall_ms,
-            rows,
-            "step committed"
-        );
-        progress.step_done(
-            commit.step,
-            &format!("step {} committed, {rows} rows", commit.step),
-        );
+        tracing::info!(step = commit.step, wall_ms = commit.wall_ms, rows, "step committed");
+        progress.step_done(commit.step, &format!("step {} committed, {rows} rows", commit.step));
         Ok(())
     }
 
-    async fn stop_with(
-        &mut self,
-        status: RunStatus,
-        error: Option<String>,
-    ) -> Result<(), RunError> {
+    async fn stop_with(&mut self, status: RunStatus, error: Option<String>) -> Result<(), RunError> {
         self.manifest.status = status;
         self.manifest.error = error;
         let time = now();
@@ -371,8 +289,7 @@ impl Run {
     }
 
     async fn write_manifest(&self) -> Result<(), RunError> {
-        let json = serde_json::to_vec_pretty(&self.manifest)
-            .map_err(|e| RunError::Internal(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(&self.manifest).map_err(|e| RunError::Internal(e.to_string()))?;
         self.store.put(layout::MANIFEST, Bytes::from(json)).await?;
         Ok(())
     }
@@ -380,14 +297,12 @@ impl Run {
 
 async fn read_commit(store: &ArtifactStore, step: u64) -> Result<StepCommit, RunError> {
     let key = layout::commit(step);
-    let bytes = store.get(&key).await?.ok_or_else(|| RunError::Corrupt {
-        location: store.describe(&key),
-        reason: "missing".into(),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| RunError::Corrupt {
-        location: store.describe(&key),
-        reason: e.to_string(),
-    })
+    let bytes = store
+        .get(&key)
+        .await?
+        .ok_or_else(|| RunError::Corrupt { location: store.describe(&key), reason: "missing".into() })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| RunError::Corrupt { location: store.describe(&key), reason: e.to_string() })
 }
 
 /// Moves a committed step's files from staging to their published place. Idempotent, so a
@@ -404,10 +319,7 @@ async fn publish(store: &ArtifactStore, commit: &StepCommit) -> Result<(), RunEr
         } else {
             return Err(RunError::Corrupt {
                 location: store.describe(&file.path),
-                reason: format!(
-                    "step {} is committed but this file is neither published nor staged",
-                    commit.step
-                ),
+                reason: format!("step {} is committed but this file is neither published nor staged", commit.step),
             });
         }
     }
@@ -416,22 +328,10 @@ async fn publish(store: &ArtifactStore, commit: &StepCommit) -> Result<(), RunEr
 
 /// A run id friendly name: lowercase letters, digits and dashes.
 fn slug(name: &str) -> String {
-    let slug: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
+    let slug: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     let slug = slug.trim_matches('-').to_string();
-    if slug.is_empty() {
-        "run".to_string()
-    } else {
-        slug
-    }
+    if slug.is_empty() { "run".to_string() } else { slug }
 }
 
 /// A run found in a store, for listings.
@@ -455,17 +355,9 @@ pub async fn list_runs(root: &ArtifactStore) -> Result<Vec<RunSummary>, RunError
             continue;
         };
         // The manifest is updated after each commit; the commit records are the truth.
-        let committed = store
-            .list(layout::COMMITS)
-            .await?
-            .iter()
-            .filter_map(|k| layout::commit_step(k))
-            .count();
+        let committed = store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).count();
         manifest.committed_steps = committed as u64;
-        runs.push(RunSummary {
-            manifest,
-            location: store.describe(""),
-        });
+        runs.push(RunSummary { manifest, location: store.describe("") });
     }
     runs.sort_by(|a, b| a.manifest.created_at.cmp(&b.manifest.created_at));
     Ok(runs)

@@ -44,20 +44,15 @@ pub(super) async fn run_step(job: StepJob) -> Result<StepCommit, RunError> {
     let started_at = now();
     let clock = Instant::now();
     let active = job.pipeline.active(job.step);
-    let mut waiting: BTreeMap<usize, Vec<usize>> = active
-        .iter()
-        .map(|&i| (i, job.pipeline.active_dependencies(i, job.step)))
-        .collect();
+    let mut waiting: BTreeMap<usize, Vec<usize>> =
+        active.iter().map(|&i| (i, job.pipeline.active_dependencies(i, job.step))).collect();
     let mut done: HashMap<usize, (Tables, String)> = HashMap::new();
     let mut records = BTreeMap::new();
     let mut files = Vec::new();
     let mut tasks: JoinSet<Result<StageDone, RunError>> = JoinSet::new();
     loop {
-        let ready: Vec<usize> = waiting
-            .iter()
-            .filter(|(_, deps)| deps.iter().all(|d| done.contains_key(d)))
-            .map(|(&i, _)| i)
-            .collect();
+        let ready: Vec<usize> =
+            waiting.iter().filter(|(_, deps)| deps.iter().all(|d| done.contains_key(d))).map(|(&i, _)| i).collect();
         for index in ready {
             waiting.remove(&index);
             let inputs = this_step_inputs(&job, index, &done);
@@ -69,21 +64,15 @@ pub(super) async fn run_step(job: StepJob) -> Result<StepCommit, RunError> {
         let Some(joined) = tasks.join_next().await else {
             break;
         };
-        let finished = joined.map_err(|e| {
-            RunError::Internal(format!("a stage task panicked or was cancelled: {e}"))
-        })??;
+        let finished =
+            joined.map_err(|e| RunError::Internal(format!("a stage task panicked or was cancelled: {e}")))??;
         let name = job.pipeline.spec().stages[finished.index].name.clone();
         files.extend(finished.files);
-        done.insert(
-            finished.index,
-            (finished.outputs, finished.record.fingerprint.clone()),
-        );
+        done.insert(finished.index, (finished.outputs, finished.record.fingerprint.clone()));
         records.insert(name, finished.record);
     }
     if !waiting.is_empty() {
-        return Err(RunError::Internal(
-            "stages left waiting after the step drained (a bug in the planner)".into(),
-        ));
+        return Err(RunError::Internal("stages left waiting after the step drained (a bug in the planner)".into()));
     }
     files.sort_by(|a, b| a.table.cmp(&b.table));
     let commit = StepCommit {
@@ -95,9 +84,7 @@ pub(super) async fn run_step(job: StepJob) -> Result<StepCommit, RunError> {
         files,
     };
     let json = serde_json::to_vec_pretty(&commit).map_err(|e| RunError::Internal(e.to_string()))?;
-    job.store
-        .put(&layout::commit(job.step), json.into())
-        .await?;
+    job.store.put(&layout::commit(job.step), json.into()).await?;
     Ok(commit)
 }
 
@@ -115,10 +102,7 @@ fn this_step_inputs(
         if let Some((tables, fingerprint)) = done.get(&writer)
             && let Ok(batch) = tables.get(&table.name)
         {
-            let record = InputRecord {
-                step: job.step,
-                fingerprint: fingerprint.clone(),
-            };
+            let record = InputRecord { step: job.step, fingerprint: fingerprint.clone() };
             inputs.push((table.name.clone(), batch.clone(), record));
         }
     }
@@ -142,10 +126,7 @@ async fn run_stage(
         if input_records.contains_key(&table.name) {
             continue;
         }
-        let writer = job
-            .pipeline
-            .writer(&table.name)
-            .expect("the plan checked every input has a writer");
+        let writer = job.pipeline.writer(&table.name).expect("the plan checked every input has a writer");
         let Some((step, fingerprint)) = job.latest.get(&table.name) else {
             let writer = &job.pipeline.spec().stages[writer];
             return Err(RunError::InputNotReady {
@@ -157,29 +138,16 @@ async fn run_stage(
             });
         };
         let key = layout::table(&table.name, *step);
-        let bytes = job
-            .store
-            .get(&key)
-            .await?
-            .ok_or_else(|| RunError::Corrupt {
-                location: job.store.describe(&key),
-                reason: "committed but missing".into(),
-            })?;
+        let bytes = job.store.get(&key).await?.ok_or_else(|| RunError::Corrupt {
+            location: job.store.describe(&key),
+            reason: "committed but missing".into(),
+        })?;
         let batch = tokio::task::spawn_blocking(move || decode_parquet(bytes))
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?
-            .map_err(|e| RunError::Corrupt {
-                location: job.store.describe(&key),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| RunError::Corrupt { location: job.store.describe(&key), reason: e.to_string() })?;
         inputs.insert(table.name.clone(), batch);
-        input_records.insert(
-            table.name.clone(),
-            InputRecord {
-                step: *step,
-                fingerprint: fingerprint.clone(),
-            },
-        );
+        input_records.insert(table.name.clone(), InputRecord { step: *step, fingerprint: fingerprint.clone() });
     }
 
     let spec = job.pipeline.spec();
@@ -191,31 +159,18 @@ async fn run_stage(
         resources: job.resources.clone(),
         progress: job.progress.clone(),
     };
-    let fingerprint = fingerprint(
-        instance.kind.as_str(),
-        &instance.config,
-        spec.seed,
-        job.step,
-        &instance.name,
-        &input_records,
-    );
-    let outputs = instance
-        .stage
-        .run(&context, inputs)
-        .await
-        .map_err(|source| RunError::Stage {
-            stage: instance.name.clone(),
-            step: job.step,
-            source,
-        })?;
+    let fingerprint =
+        fingerprint(instance.kind.as_str(), &instance.config, spec.seed, job.step, &instance.name, &input_records);
+    let outputs = instance.stage.run(&context, inputs).await.map_err(|source| RunError::Stage {
+        stage: instance.name.clone(),
+        step: job.step,
+        source,
+    })?;
 
     let declared = job.pipeline.outputs(index);
     for (table, _) in outputs.iter() {
         if !declared.iter().any(|d| d.name == table) {
-            return Err(RunError::UndeclaredOutput {
-                stage: instance.name.clone(),
-                table: table.to_string(),
-            });
+            return Err(RunError::UndeclaredOutput { stage: instance.name.clone(), table: table.to_string() });
         }
     }
     let mut rows = BTreeMap::new();
@@ -223,10 +178,7 @@ async fn run_stage(
     for table in declared {
         let batch = outputs
             .get(&table.name)
-            .map_err(|_| RunError::MissingOutput {
-                stage: instance.name.clone(),
-                table: table.name.clone(),
-            })?;
+            .map_err(|_| RunError::MissingOutput { stage: instance.name.clone(), table: table.name.clone() })?;
         if !matches_schema(batch, &table.schema) {
             return Err(RunError::Schema {
                 stage: instance.name.clone(),
@@ -239,9 +191,7 @@ async fn run_stage(
         let encoded = tokio::task::spawn_blocking(move || encode_parquet(&batch_for_encoding))
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?
-            .map_err(|e| {
-                RunError::Internal(format!("encoding table `{}` as Parquet: {e}", table.name))
-            })?;
+            .map_err(|e| RunError::Internal(format!("encoding table `{}` as Parquet: {e}", table.name)))?;
         let staging = layout::staging(&table.name, job.step);
         let bytes = encoded.len() as u64;
         job.store.put(&staging, encoded).await?;
@@ -257,19 +207,8 @@ async fn run_stage(
     }
     let wall_ms = clock.elapsed().as_millis() as u64;
     tracing::info!(rows = rows.values().sum::<u64>(), wall_ms, "stage finished");
-    let record = StageRecord {
-        kind: instance.kind.clone(),
-        fingerprint,
-        inputs: input_records,
-        rows,
-        wall_ms,
-    };
-    Ok(StageDone {
-        index,
-        outputs,
-        record,
-        files,
-    })
+    let record = StageRecord { kind: instance.kind.clone(), fingerprint, inputs: input_records, rows, wall_ms };
+    Ok(StageDone { index, outputs, record, files })
 }
 
 /// What determines a deterministic stage's output: its kind and config, the seed and step
@@ -283,13 +222,7 @@ fn fingerprint(
     inputs: &BTreeMap<String, InputRecord>,
 ) -> String {
     let mut hasher = Sha256::new();
-    for part in [
-        kind,
-        &config.to_string(),
-        &seed.to_string(),
-        &step.to_string(),
-        stage,
-    ] {
+    for part in [kind, &config.to_string(), &seed.to_string(), &step.to_string(), stage] {
         hasher.update((part.len() as u64).to_le_bytes());
         hasher.update(part.as_bytes());
     }

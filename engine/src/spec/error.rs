@@ -115,19 +115,15 @@ pub enum SpecError {
 
 fn producer_hint(producer: Option<&str>, stage: &str) -> String {
     match producer {
-        Some(producer) => format!(
-            "its writer `{producer}` is not upstream of it; add `{producer}` to `stages.{stage}.after`"
-        ),
+        Some(producer) => {
+            format!("its writer `{producer}` is not upstream of it; add `{producer}` to `stages.{stage}.after`")
+        }
         None => "no stage in this spec writes it".to_string(),
     }
 }
 
 fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() {
-        "(none)".to_string()
-    } else {
-        items.join(", ")
-    }
+    if items.is_empty() { "(none)".to_string() } else { items.join(", ") }
 }
 
 fn line_col(line: Option<usize>, column: Option<usize>) -> String {
@@ -154,11 +150,7 @@ struct KeyFmt<'a>(&'a str);
 
 impl fmt::Display for KeyFmt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            write!(f, "{}: ", self.0)
-        }
+        if self.0.is_empty() { Ok(()) } else { write!(f, "{}: ", self.0) }
     }
 }
 
@@ -169,11 +161,7 @@ pub struct SpecErrors(pub Vec<SpecError>);
 impl fmt::Display for SpecErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let count = self.0.len();
-        writeln!(
-            f,
-            "the spec has {count} problem{}:",
-            if count == 1 { "" } else { "s" }
-        )?;
+        writeln!(f, "the spec has {count} problem{}:", if count == 1 { "" } else { "s" })?;
         for error in &self.0 {
             writeln!(f, "  - {error}")?;
         }

@@ -82,20 +82,12 @@ impl Spec {
         let top = source.value.as_mapping().unwrap_or(&empty);
         let section_keys: Vec<&str> = registry.sections.iter().map(|s| s.key).collect();
         for key in top.keys() {
-            let known = key
-                .as_str()
-                .is_some_and(|k| CORE_KEYS.contains(&k) || section_keys.contains(&k));
+            let known = key.as_str().is_some_and(|k| CORE_KEYS.contains(&k) || section_keys.contains(&k));
             if !known {
-                let name = key
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| format!("{key:?}"));
+                let name = key.as_str().map(str::to_string).unwrap_or_else(|| format!("{key:?}"));
                 let mut expected: Vec<&str> = CORE_KEYS.to_vec();
                 expected.extend(&section_keys);
-                problems.push(type_error(
-                    &name,
-                    format!("unknown key; a spec has: {}", expected.join(", ")),
-                ));
+                problems.push(type_error(&name, format!("unknown key; a spec has: {}", expected.join(", "))));
             }
         }
 
@@ -106,10 +98,7 @@ impl Spec {
                 String::new()
             }
             None => {
-                problems.push(type_error(
-                    "name",
-                    "missing: every spec needs a `name`".into(),
-                ));
+                problems.push(type_error("name", "missing: every spec needs a `name`".into()));
                 String::new()
             }
         };
@@ -127,10 +116,8 @@ impl Spec {
                 0
             }),
             None => {
-                problems.push(type_error(
-                    "seed",
-                    "missing: every spec needs a `seed` (any non-negative integer)".into(),
-                ));
+                problems
+                    .push(type_error("seed", "missing: every spec needs a `seed` (any non-negative integer)".into()));
                 0
             }
         };
@@ -143,10 +130,7 @@ impl Spec {
                 }
             },
             None => {
-                problems.push(type_error(
-                    "steps",
-                    "missing: every spec needs `steps` (an integer >= 1)".into(),
-                ));
+                problems.push(type_error("steps", "missing: every spec needs `steps` (an integer >= 1)".into()));
                 1
             }
         };
@@ -166,17 +150,12 @@ impl Spec {
 
         let mut stages = Vec::new();
         match top.get("stages") {
-            None => problems.push(type_error(
-                "stages",
-                "missing: a spec needs at least one stage".into(),
-            )),
+            None => problems.push(type_error("stages", "missing: a spec needs at least one stage".into())),
             Some(Value::Mapping(map)) => {
                 for (stage_name, value) in map {
                     let Some(stage_name) = stage_name.as_str() else {
-                        problems.push(type_error(
-                            "stages",
-                            format!("stage names must be strings, found {stage_name:?}"),
-                        ));
+                        problems
+                            .push(type_error("stages", format!("stage names must be strings, found {stage_name:?}")));
                         continue;
                     };
                     match parse_stage(stage_name, value, registry, source) {
@@ -185,29 +164,15 @@ impl Spec {
                     }
                 }
                 if map.is_empty() {
-                    problems.push(type_error(
-                        "stages",
-                        "no stages: a spec needs at least one".into(),
-                    ));
+                    problems.push(type_error("stages", "no stages: a spec needs at least one".into()));
                 }
                 problems.extend(dangling_after(map, source));
             }
-            Some(_) => problems.push(type_error(
-                "stages",
-                "expected a mapping of stage names to stages".into(),
-            )),
+            Some(_) => problems.push(type_error("stages", "expected a mapping of stage names to stages".into())),
         }
 
         if problems.is_empty() {
-            Ok(Spec {
-                name,
-                description,
-                seed,
-                steps,
-                stages,
-                sections,
-                resolved: source.value.clone(),
-            })
+            Ok(Spec { name, description, seed, steps, stages, sections, resolved: source.value.clone() })
         } else {
             Err(SpecErrors(problems))
         }
@@ -222,10 +187,7 @@ impl Spec {
 /// `after:` entries that name no stage of the spec. Checked on the raw mapping so that the
 /// problem is reported even when the stage itself has other problems.
 fn dangling_after(stages: &serde_yaml::Mapping, source: &SourceDoc) -> Vec<SpecError> {
-    let names: Vec<String> = stages
-        .keys()
-        .filter_map(|k| k.as_str().map(str::to_string))
-        .collect();
+    let names: Vec<String> = stages.keys().filter_map(|k| k.as_str().map(str::to_string)).collect();
     let mut problems = Vec::new();
     for (name, value) in stages {
         let (Some(name), Some(after)) = (name.as_str(), value.get("after")) else {
@@ -249,11 +211,7 @@ fn dangling_after(stages: &serde_yaml::Mapping, source: &SourceDoc) -> Vec<SpecE
 }
 
 fn join(prefix: &str, key: &str) -> String {
-    if key.is_empty() {
-        prefix.to_string()
-    } else {
-        format!("{prefix}.{key}")
-    }
+    if key.is_empty() { prefix.to_string() } else { format!("{prefix}.{key}") }
 }
 
 fn parse_stage(
@@ -265,35 +223,22 @@ fn parse_stage(
     let prefix = format!("stages.{name}");
     let type_error = |key: &str, message: String| {
         let key = join(&prefix, key);
-        SpecError::Type {
-            location: source.locate(&key),
-            key,
-            message,
-        }
+        SpecError::Type { location: source.locate(&key), key, message }
     };
     let Value::Mapping(map) = value else {
-        return Err(vec![type_error(
-            "",
-            "expected a mapping with at least `kind:`".into(),
-        )]);
+        return Err(vec![type_error("", "expected a mapping with at least `kind:`".into())]);
     };
     let mut config = map.clone();
     let mut problems = Vec::new();
     let kind = match config.remove("kind") {
         Some(Value::String(kind)) => kind,
         Some(_) => {
-            return Err(vec![type_error(
-                "kind",
-                "expected the name of a stage kind".into(),
-            )]);
+            return Err(vec![type_error("kind", "expected the name of a stage kind".into())]);
         }
         None => {
             return Err(vec![type_error(
                 "kind",
-                format!(
-                    "missing; known kinds: {}",
-                    registry.stage_kinds().join(", ")
-                ),
+                format!("missing; known kinds: {}", registry.stage_kinds().join(", ")),
             )]);
         }
     };
@@ -304,10 +249,7 @@ fn parse_stage(
             .filter_map(|item| match item.as_str() {
                 Some(stage) => Some(stage.to_string()),
                 None => {
-                    problems.push(type_error(
-                        "after",
-                        format!("expected stage names, found {item:?}"),
-                    ));
+                    problems.push(type_error("after", format!("expected stage names, found {item:?}")));
                     None
                 }
             })
@@ -338,21 +280,12 @@ fn parse_stage(
     let config_value = Value::Mapping(config);
     let config_json = serde_json::to_value(&config_value).unwrap_or(serde_json::Value::Null);
     match (entry.build)(config_value) {
-        Ok(stage) if problems.is_empty() => Ok(StageInstance {
-            name: name.to_string(),
-            kind,
-            after,
-            schedule,
-            config: config_json,
-            stage,
-        }),
+        Ok(stage) if problems.is_empty() => {
+            Ok(StageInstance { name: name.to_string(), kind, after, schedule, config: config_json, stage })
+        }
         Ok(_) => Err(problems),
         Err(found) => {
-            problems.extend(
-                found
-                    .into_iter()
-                    .map(|problem| type_error(&problem.key, problem.message)),
-            );
+            problems.extend(found.into_iter().map(|problem| type_error(&problem.key, problem.message)));
             Err(problems)
         }
     }

@@ -20,8 +20,7 @@ pub enum Schedule {
 impl Schedule {
     /// Reads `every_step`, `once`, `at_end` or `{every: k}`.
     pub(crate) fn from_yaml(value: &Value) -> Result<Schedule, String> {
-        const EXPECTED: &str =
-            "expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1";
+        const EXPECTED: &str = "expected `every_step`, `once`, `at_end` or `{every: k}` with k >= 1";
         match value {
             Value::String(name) => match name.as_str() {
                 "every_step" => Ok(Schedule::EveryStep),
@@ -29,8 +28,7 @@ impl Schedule {
                 "at_end" => Ok(Schedule::AtEnd),
                 other => Err(format!("unknown schedule `{other}`; {EXPECTED}")),
             },
-            Value::Mapping(map) if map.len() == 1 => match map.get("every").and_then(Value::as_u64)
-            {
+            Value::Mapping(map) if map.len() == 1 => match map.get("every").and_then(Value::as_u64) {
                 Some(k) if k >= 1 => Ok(Schedule::Every(k)),
                 _ => Err(EXPECTED.to_string()),
             },
@@ -71,11 +69,7 @@ mod tests {
 
     #[test]
     fn schedules_fire_on_the_documented_steps() {
-        let fired = |schedule: Schedule| {
-            (1..=6)
-                .filter(|&s| schedule.fires(s, 6))
-                .collect::<Vec<_>>()
-        };
+        let fired = |schedule: Schedule| (1..=6).filter(|&s| schedule.fires(s, 6)).collect::<Vec<_>>();
         assert_eq!(fired(Schedule::EveryStep), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(fired(Schedule::Once), vec![1]);
         assert_eq!(fired(Schedule::AtEnd), vec![6]);

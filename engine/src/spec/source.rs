@@ -42,33 +42,23 @@ pub struct Location {
 impl SourceDoc {
     /// Loads `path`, follows its `extends:` chain and merges the chain, parent first.
     pub fn load(path: &Path) -> Result<SourceDoc, SpecError> {
-        let mut doc = SourceDoc {
-            value: Value::Null,
-            origins: HashMap::new(),
-            texts: HashMap::new(),
-        };
+        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: HashMap::new() };
         let mut chain: Vec<(PathBuf, Value)> = Vec::new();
         let mut seen: Vec<PathBuf> = Vec::new();
         let mut next = Some(path.to_path_buf());
         while let Some(file) = next.take() {
-            let canonical = std::fs::canonicalize(&file).map_err(|source| SpecError::Io {
-                file: file.clone(),
-                message: source.to_string(),
-            })?;
+            let canonical = std::fs::canonicalize(&file)
+                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
             if seen.contains(&canonical) {
                 let mut files: Vec<PathBuf> = chain.iter().map(|(f, _)| f.clone()).collect();
                 files.push(file);
                 return Err(SpecError::ExtendsCycle { files });
             }
             seen.push(canonical.clone());
-            let text = std::fs::read_to_string(&file).map_err(|source| SpecError::Io {
-                file: file.clone(),
-                message: source.to_string(),
-            })?;
+            let text = std::fs::read_to_string(&file)
+                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
             let mut value = parse_mapping(&text, &file)?;
-            let map = value
-                .as_mapping_mut()
-                .expect("parse_mapping returns a mapping");
+            let map = value.as_mapping_mut().expect("parse_mapping returns a mapping");
             if let Some(parent) = map.remove("extends") {
                 let Value::String(parent) = parent else {
                     return Err(SpecError::Type {
@@ -91,8 +81,7 @@ impl SourceDoc {
             let origin = Origin::File(file);
             merge(&mut doc.value, value, "", &origin, &mut doc.origins);
         }
-        doc.origins
-            .insert(String::new(), Origin::File(path.to_path_buf()));
+        doc.origins.insert(String::new(), Origin::File(path.to_path_buf()));
         Ok(doc)
     }
 
@@ -101,33 +90,16 @@ impl SourceDoc {
     pub fn from_text(text: &str, label: &str) -> Result<SourceDoc, SpecError> {
         let file = PathBuf::from(label);
         let value = parse_mapping(text, &file)?;
-        if value
-            .as_mapping()
-            .is_some_and(|m| m.contains_key("extends"))
-        {
+        if value.as_mapping().is_some_and(|m| m.contains_key("extends")) {
             return Err(SpecError::Type {
-                location: Location {
-                    file: Some(file),
-                    line: locate_key(text, &["extends"]),
-                    argument: None,
-                },
+                location: Location { file: Some(file), line: locate_key(text, &["extends"]), argument: None },
                 key: "extends".into(),
                 message: "a resolved spec cannot extend another".into(),
             });
         }
-        let mut doc = SourceDoc {
-            value: Value::Null,
-            origins: HashMap::new(),
-            texts: HashMap::new(),
-        };
+        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: HashMap::new() };
         doc.texts.insert(file.clone(), text.to_string());
-        merge(
-            &mut doc.value,
-            value,
-            "",
-            &Origin::File(file.clone()),
-            &mut doc.origins,
-        );
+        merge(&mut doc.value, value, "", &Origin::File(file.clone()), &mut doc.origins);
         doc.origins.insert(String::new(), Origin::File(file));
         Ok(doc)
     }
@@ -149,14 +121,10 @@ impl SourceDoc {
                     reason: "the key must be a dotted path such as `stages.reward.lambda`".into(),
                 });
             }
-            let value: Value =
-                serde_yaml::from_str(raw).map_err(|error| SpecError::BadOverride {
-                    argument: argument.clone(),
-                    reason: format!(
-                        "the value is not valid YAML: {}",
-                        strip_location(&error.to_string())
-                    ),
-                })?;
+            let value: Value = serde_yaml::from_str(raw).map_err(|error| SpecError::BadOverride {
+                argument: argument.clone(),
+                reason: format!("the value is not valid YAML: {}", strip_location(&error.to_string())),
+            })?;
             let segments: Vec<&str> = key.split('.').collect();
             let origin = Origin::Override(argument.clone());
             let (last, parents) = segments.split_last().expect("checked non-empty");
@@ -168,9 +136,7 @@ impl SourceDoc {
                     *node = Value::Mapping(Mapping::new());
                 }
                 let map = node.as_mapping_mut().expect("made a mapping above");
-                let entry = map
-                    .entry(Value::String((*segment).to_string()))
-                    .or_insert(Value::Null);
+                let entry = map.entry(Value::String((*segment).to_string())).or_insert(Value::Null);
                 if !entry.is_mapping() {
                     *entry = Value::Mapping(Mapping::new());
                     self.origins.insert(prefix.clone(), origin.clone());
@@ -184,13 +150,7 @@ impl SourceDoc {
             let mut single = Mapping::new();
             single.insert(Value::String((*last).to_string()), value);
             let mut target = Value::Mapping(std::mem::take(map));
-            merge(
-                &mut target,
-                Value::Mapping(single),
-                &prefix,
-                &origin,
-                &mut self.origins,
-            );
+            merge(&mut target, Value::Mapping(single), &prefix, &origin, &mut self.origins);
             *node = target;
         }
         Ok(())
@@ -203,34 +163,18 @@ impl SourceDoc {
             if let Some(origin) = self.origins.get(&probe) {
                 return match origin {
                     Origin::File(file) => {
-                        let segments: Vec<&str> =
-                            key.split('.').filter(|s| !s.is_empty()).collect();
-                        let line = self
-                            .texts
-                            .get(file)
-                            .and_then(|text| locate_key(text, &segments));
-                        Location {
-                            file: Some(file.clone()),
-                            line,
-                            argument: None,
-                        }
+                        let segments: Vec<&str> = key.split('.').filter(|s| !s.is_empty()).collect();
+                        let line = self.texts.get(file).and_then(|text| locate_key(text, &segments));
+                        Location { file: Some(file.clone()), line, argument: None }
                     }
-                    Origin::Override(argument) => Location {
-                        file: None,
-                        line: None,
-                        argument: Some(argument.clone()),
-                    },
+                    Origin::Override(argument) => Location { file: None, line: None, argument: Some(argument.clone()) },
                 };
             }
             match probe.rfind('.') {
                 Some(dot) => probe.truncate(dot),
                 None if !probe.is_empty() => probe.clear(),
                 None => {
-                    return Location {
-                        file: None,
-                        line: None,
-                        argument: None,
-                    };
+                    return Location { file: None, line: None, argument: None };
                 }
             }
         }
@@ -257,11 +201,7 @@ fn parse_mapping(text: &str, file: &Path) -> Result<Value, SpecError> {
         Value::Null => Ok(Value::Mapping(Mapping::new())),
         Value::Mapping(_) => Ok(value),
         _ => Err(SpecError::Type {
-            location: Location {
-                file: Some(file.to_path_buf()),
-                line: Some(1),
-                argument: None,
-            },
+            location: Location { file: Some(file.to_path_buf()), line: Some(1), argument: None },
             key: String::new(),
             message: "a spec must be a YAML mapping of keys to values".into(),
         }),
@@ -269,31 +209,18 @@ fn parse_mapping(text: &str, file: &Path) -> Result<Value, SpecError> {
 }
 
 fn join_key(prefix: &str, segment: &str) -> String {
-    if prefix.is_empty() {
-        segment.to_string()
-    } else {
-        format!("{prefix}.{segment}")
-    }
+    if prefix.is_empty() { segment.to_string() } else { format!("{prefix}.{segment}") }
 }
 
 fn key_text(key: &Value) -> String {
     match key {
         Value::String(s) => s.clone(),
-        other => serde_yaml::to_string(other)
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
     }
 }
 
 /// Deep merge: mappings merge key by key, a `null` removes the key, anything else replaces.
-fn merge(
-    base: &mut Value,
-    overlay: Value,
-    prefix: &str,
-    origin: &Origin,
-    origins: &mut HashMap<String, Origin>,
-) {
+fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origins: &mut HashMap<String, Origin>) {
     match (base, overlay) {
         (Value::Mapping(base_map), Value::Mapping(overlay_map)) => {
             for (key, value) in overlay_map {
@@ -322,12 +249,7 @@ fn merge(
     }
 }
 
-fn record_origins(
-    value: &Value,
-    prefix: &str,
-    origin: &Origin,
-    origins: &mut HashMap<String, Origin>,
-) {
+fn record_origins(value: &Value, prefix: &str, origin: &Origin, origins: &mut HashMap<String, Origin>) {
     origins.insert(prefix.to_string(), origin.clone());
     if let Value::Mapping(map) = value {
         for (key, child) in map {

@@ -23,16 +23,8 @@ fn extends_chains_merge_deeply_and_null_removes() {
         "base.yaml",
         "name: base\nseed: 1\nsteps: 5\nstages:\n  a: {kind: k, rows: 2}\n  b: {kind: k, after: [a]}\n",
     );
-    write(
-        dir.path(),
-        "mid.yaml",
-        "extends: base.yaml\nsteps: 7\nstages:\n  a: {rows: 3}\n",
-    );
-    let leaf = write(
-        dir.path(),
-        "leaf.yaml",
-        "extends: mid.yaml\nname: leaf\nstages:\n  b: null\n",
-    );
+    write(dir.path(), "mid.yaml", "extends: base.yaml\nsteps: 7\nstages:\n  a: {rows: 3}\n");
+    let leaf = write(dir.path(), "leaf.yaml", "extends: mid.yaml\nname: leaf\nstages:\n  b: null\n");
     let doc = SourceDoc::load(&leaf).unwrap();
     insta::assert_snapshot!(yaml(&doc), @"
     name: leaf
@@ -43,18 +35,9 @@ fn extends_chains_merge_deeply_and_null_removes() {
         kind: k
         rows: 3
     ");
-    assert_eq!(
-        doc.locate("steps").file.unwrap(),
-        dir.path().join("mid.yaml")
-    );
-    assert_eq!(
-        doc.locate("stages.a.rows").file.unwrap(),
-        dir.path().join("mid.yaml")
-    );
-    assert_eq!(
-        doc.locate("stages.a.kind").file.unwrap(),
-        dir.path().join("base.yaml")
-    );
+    assert_eq!(doc.locate("steps").file.unwrap(), dir.path().join("mid.yaml"));
+    assert_eq!(doc.locate("stages.a.rows").file.unwrap(), dir.path().join("mid.yaml"));
+    assert_eq!(doc.locate("stages.a.kind").file.unwrap(), dir.path().join("base.yaml"));
     assert_eq!(doc.locate("name").file.unwrap(), leaf);
     assert_eq!(doc.root_file(), Some(leaf.as_path()));
 }
@@ -65,13 +48,8 @@ fn an_extends_cycle_is_reported_with_the_chain() {
     write(dir.path(), "a.yaml", "extends: b.yaml\n");
     write(dir.path(), "b.yaml", "extends: a.yaml\n");
     let error = SourceDoc::load(&dir.path().join("a.yaml")).unwrap_err();
-    let SpecError::ExtendsCycle { files } = error else {
-        panic!("expected a cycle, got {error:?}")
-    };
-    let names: Vec<_> = files
-        .iter()
-        .map(|f| f.file_name().unwrap().to_str().unwrap())
-        .collect();
+    let SpecError::ExtendsCycle { files } = error else { panic!("expected a cycle, got {error:?}") };
+    let names: Vec<_> = files.iter().map(|f| f.file_name().unwrap().to_str().unwrap()).collect();
     assert_eq!(names, ["a.yaml", "b.yaml", "a.yaml"]);
 }
 
@@ -105,10 +83,7 @@ fn overrides_are_typed_yaml_and_can_remove() {
         - 2
     ");
     let location = doc.locate("stages.reward.proposer.lambda");
-    assert_eq!(
-        location.argument.as_deref(),
-        Some("stages.reward.proposer.lambda=0.5")
-    );
+    assert_eq!(location.argument.as_deref(), Some("stages.reward.proposer.lambda=0.5"));
 }
 
 #[test]
@@ -118,11 +93,7 @@ fn malformed_overrides_say_what_is_expected() {
     let mut doc = SourceDoc::load(&path).unwrap();
     let errors: Vec<String> = ["steps", "a..b=1", "x=[unclosed"]
         .iter()
-        .map(|arg| {
-            doc.apply_overrides(&[arg.to_string()])
-                .unwrap_err()
-                .to_string()
-        })
+        .map(|arg| doc.apply_overrides(&[arg.to_string()]).unwrap_err().to_string())
         .collect();
     insta::assert_snapshot!(errors.join("\n"), @"
     --set steps: expected KEY=VALUE, for example `steps=3`
@@ -136,19 +107,14 @@ fn yaml_syntax_errors_carry_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "bad.yaml", "name: x\nstages:\n  a: {kind: k\n");
     let error = SourceDoc::load(&path).unwrap_err();
-    let SpecError::Yaml { line, column, .. } = &error else {
-        panic!("{error:?}")
-    };
+    let SpecError::Yaml { line, column, .. } = &error else { panic!("{error:?}") };
     assert_eq!((*line, *column), (Some(4), Some(1)));
 }
 
 #[test]
 fn keys_are_located_by_indentation() {
     let text = "name: x\n# comment\nstages:\n  solve:\n    kind: solve\n    n: 5\n  reward:\n    kind: r\n    proposer:\n      lambda: 0.5\n";
-    assert_eq!(
-        locate_key(text, &["stages", "reward", "proposer", "lambda"]),
-        Some(10)
-    );
+    assert_eq!(locate_key(text, &["stages", "reward", "proposer", "lambda"]), Some(10));
     assert_eq!(locate_key(text, &["stages", "solve", "n"]), Some(6));
     assert_eq!(locate_key(text, &["stages", "reward", "kind"]), Some(8));
     // A missing leaf points at its deepest existing parent.

@@ -59,33 +59,22 @@ impl ArtifactStore {
     /// `s3://bucket/prefix` (credentials, region and a custom endpoint come from the standard
     /// `AWS_*` variables, such as `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true`), or `memory://`.
     pub fn open(location: &str) -> Result<ArtifactStore, StoreError> {
-        let open_error = |reason: String| StoreError::Open {
-            location: location.to_string(),
-            reason,
-        };
+        let open_error = |reason: String| StoreError::Open { location: location.to_string(), reason };
         let display = location.trim_end_matches('/').to_string();
         if let Some(rest) = location.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
                 return Err(open_error("expected s3://BUCKET/PREFIX".into()));
             }
-            let s3 = AmazonS3Builder::from_env()
-                .with_bucket_name(bucket)
-                .build()
-                .map_err(|e| open_error(e.to_string()))?;
-            return Ok(ArtifactStore {
-                inner: Arc::new(s3),
-                root: ObjectPath::from(prefix),
-                display,
-            });
+            let s3 =
+                AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(|e| open_error(e.to_string()))?;
+            return Ok(ArtifactStore { inner: Arc::new(s3), root: ObjectPath::from(prefix), display });
         }
         if location == "memory://" {
             return Ok(ArtifactStore::in_memory());
         }
         if location.contains("://") && !location.starts_with("file://") {
-            return Err(open_error(
-                "supported: a local directory, file://, s3:// or memory://".into(),
-            ));
+            return Err(open_error("supported: a local directory, file://, s3:// or memory://".into()));
         }
         let directory = location.strip_prefix("file://").unwrap_or(location);
         let directory = if directory.is_empty() { "." } else { directory };
@@ -93,20 +82,12 @@ impl ArtifactStore {
         let local = LocalFileSystem::new_with_prefix(directory)
             .map_err(|e| open_error(e.to_string()))?
             .with_automatic_cleanup(true);
-        Ok(ArtifactStore {
-            inner: Arc::new(local),
-            root: ObjectPath::default(),
-            display,
-        })
+        Ok(ArtifactStore { inner: Arc::new(local), root: ObjectPath::default(), display })
     }
 
     /// A store that lives in memory: for tests.
     pub fn in_memory() -> ArtifactStore {
-        ArtifactStore {
-            inner: Arc::new(InMemory::new()),
-            root: ObjectPath::default(),
-            display: "memory://".into(),
-        }
+        ArtifactStore { inner: Arc::new(InMemory::new()), root: ObjectPath::default(), display: "memory://".into() }
     }
 
     /// The same store rooted at `prefix` below this root.
@@ -120,11 +101,7 @@ impl ArtifactStore {
 
     /// Where `key` lives, as a person would write it (a path or a URL).
     pub fn describe(&self, key: &str) -> String {
-        if key.is_empty() {
-            self.display.clone()
-        } else {
-            format!("{}/{}", self.display, key)
-        }
+        if key.is_empty() { self.display.clone() } else { format!("{}/{}", self.display, key) }
     }
 
     fn path(&self, key: &str) -> ObjectPath {
@@ -137,35 +114,19 @@ impl ArtifactStore {
 
     fn relative(&self, path: &ObjectPath) -> String {
         path.prefix_match(&self.root)
-            .map(|parts| {
-                parts
-                    .map(|p| p.as_ref().to_string())
-                    .collect::<Vec<_>>()
-                    .join("/")
-            })
+            .map(|parts| parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/"))
             .unwrap_or_else(|| path.to_string())
     }
 
-    fn error(
-        &self,
-        operation: &'static str,
-        key: &str,
-    ) -> impl FnOnce(object_store::Error) -> StoreError {
+    fn error(&self, operation: &'static str, key: &str) -> impl FnOnce(object_store::Error) -> StoreError {
         let key = self.describe(key);
-        move |source| StoreError::Object {
-            operation,
-            key,
-            source,
-        }
+        move |source| StoreError::Object { operation, key, source }
     }
 
     /// Writes `bytes` at `key`, replacing what was there. Atomic: readers see the old object,
     /// no object, or the whole new one.
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
-        self.inner
-            .put(&self.path(key), PutPayload::from_bytes(bytes))
-            .await
-            .map_err(self.error("write", key))?;
+        self.inner.put(&self.path(key), PutPayload::from_bytes(bytes)).await.map_err(self.error("write", key))?;
         Ok(())
     }
 
@@ -190,16 +151,8 @@ impl ArtifactStore {
     /// Every key below `prefix`, recursively, sorted.
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let path = self.path(prefix);
-        let listed: Vec<_> = self
-            .inner
-            .list(Some(&path))
-            .try_collect()
-            .await
-            .map_err(self.error("list", prefix))?;
-        let mut keys: Vec<String> = listed
-            .iter()
-            .map(|meta| self.relative(&meta.location))
-            .collect();
+        let listed: Vec<_> = self.inner.list(Some(&path)).try_collect().await.map_err(self.error("list", prefix))?;
+        let mut keys: Vec<String> = listed.iter().map(|meta| self.relative(&meta.location)).collect();
         keys.sort();
         Ok(keys)
     }
@@ -207,16 +160,9 @@ impl ArtifactStore {
     /// The immediate "directories" below `prefix`, as names, sorted.
     pub async fn list_dirs(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let path = self.path(prefix);
-        let listed = self
-            .inner
-            .list_with_delimiter(Some(&path))
-            .await
-            .map_err(self.error("list", prefix))?;
-        let mut names: Vec<String> = listed
-            .common_prefixes
-            .iter()
-            .filter_map(|p| p.filename().map(str::to_string))
-            .collect();
+        let listed = self.inner.list_with_delimiter(Some(&path)).await.map_err(self.error("list", prefix))?;
+        let mut names: Vec<String> =
+            listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect();
         names.sort();
         Ok(names)
     }
@@ -224,10 +170,7 @@ impl ArtifactStore {
     /// Moves `from` to `to`, replacing `to`. Atomic on local disks; on S3 a copy then a delete,
     /// so callers must tolerate finding both.
     pub async fn rename(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        self.inner
-            .rename(&self.path(from), &self.path(to))
-            .await
-            .map_err(self.error("move", from))
+        self.inner.rename(&self.path(from), &self.path(to)).await.map_err(self.error("move", from))
     }
 
     /// Deletes `key`; deleting a missing key is not an error.

@@ -5,14 +5,8 @@ use bytes::Bytes;
 use super::ArtifactStore;
 
 async fn put_then_get(store: &ArtifactStore) {
-    store
-        .put("a/b/one.txt", Bytes::from_static(b"one"))
-        .await
-        .unwrap();
-    assert_eq!(
-        store.get("a/b/one.txt").await.unwrap().as_deref(),
-        Some(&b"one"[..])
-    );
+    store.put("a/b/one.txt", Bytes::from_static(b"one")).await.unwrap();
+    assert_eq!(store.get("a/b/one.txt").await.unwrap().as_deref(), Some(&b"one"[..]));
     assert_eq!(store.get("a/b/missing.txt").await.unwrap(), None);
     assert!(store.exists("a/b/one.txt").await.unwrap());
     assert!(!store.exists("a/b/missing.txt").await.unwrap());
@@ -25,36 +19,21 @@ async fn put_replaces(store: &ArtifactStore) {
 }
 
 async fn list_is_recursive_and_sorted(store: &ArtifactStore) {
-    for key in [
-        "t/x/step=2/part-0.parquet",
-        "t/x/step=1/part-0.parquet",
-        "t/y/step=1/part-0.parquet",
-        "u/z",
-    ] {
+    for key in ["t/x/step=2/part-0.parquet", "t/x/step=1/part-0.parquet", "t/y/step=1/part-0.parquet", "u/z"] {
         store.put(key, Bytes::from_static(b"-")).await.unwrap();
     }
     assert_eq!(
         store.list("t").await.unwrap(),
-        vec![
-            "t/x/step=1/part-0.parquet",
-            "t/x/step=2/part-0.parquet",
-            "t/y/step=1/part-0.parquet"
-        ]
+        vec!["t/x/step=1/part-0.parquet", "t/x/step=2/part-0.parquet", "t/y/step=1/part-0.parquet"]
     );
     assert_eq!(store.list_dirs("t").await.unwrap(), vec!["x", "y"]);
     assert_eq!(store.list("nothing").await.unwrap(), Vec::<String>::new());
 }
 
 async fn rename_moves(store: &ArtifactStore) {
-    store
-        .put("staging/f", Bytes::from_static(b"data"))
-        .await
-        .unwrap();
+    store.put("staging/f", Bytes::from_static(b"data")).await.unwrap();
     store.rename("staging/f", "final/deep/f").await.unwrap();
-    assert_eq!(
-        store.get("final/deep/f").await.unwrap().as_deref(),
-        Some(&b"data"[..])
-    );
+    assert_eq!(store.get("final/deep/f").await.unwrap().as_deref(), Some(&b"data"[..]));
     assert!(!store.exists("staging/f").await.unwrap());
 }
 
@@ -67,18 +46,10 @@ async fn delete_is_idempotent(store: &ArtifactStore) {
 
 async fn scoped_stores_see_their_prefix(store: &ArtifactStore) {
     let run = store.scoped("run-1");
-    run.put("manifest.json", Bytes::from_static(b"{}"))
-        .await
-        .unwrap();
+    run.put("manifest.json", Bytes::from_static(b"{}")).await.unwrap();
     assert!(store.exists("run-1/manifest.json").await.unwrap());
     assert_eq!(run.list("").await.unwrap(), vec!["manifest.json"]);
-    assert!(
-        store
-            .list_dirs("")
-            .await
-            .unwrap()
-            .contains(&"run-1".to_string())
-    );
+    assert!(store.list_dirs("").await.unwrap().contains(&"run-1".to_string()));
 }
 
 macro_rules! conformance {
@@ -122,10 +93,7 @@ macro_rules! conformance {
 conformance!(memory, (ArtifactStore::in_memory(), ()));
 conformance!(local, {
     let dir = tempfile::tempdir().unwrap();
-    (
-        ArtifactStore::open(dir.path().to_str().unwrap()).unwrap(),
-        dir,
-    )
+    (ArtifactStore::open(dir.path().to_str().unwrap()).unwrap(), dir)
 });
 
 #[test]

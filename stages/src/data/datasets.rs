@@ -96,9 +96,7 @@ fn answers(value: serde_json::Value) -> Result<Vec<String>, String> {
                 other => Err(format!("a gold answer must be a string, found {other}")),
             })
             .collect(),
-        other => Err(format!(
-            "`golden_answers` must be a list of strings, found {other}"
-        )),
+        other => Err(format!("`golden_answers` must be a list of strings, found {other}")),
     }
 }
 
@@ -115,11 +113,7 @@ impl DatasetConfig {
 
 /// Loads a question set: FlashRAG JSONL, or verl Parquet when the name ends in `.parquet`.
 pub fn load_questions(path: &Path) -> Result<Vec<Question>, DatasetError> {
-    let error = |line: Option<u64>, message: String| DatasetError {
-        path: path.to_path_buf(),
-        line,
-        message,
-    };
+    let error = |line: Option<u64>, message: String| DatasetError { path: path.to_path_buf(), line, message };
     if path.extension().is_some_and(|e| e == "parquet") {
         return load_verl_parquet(path);
     }
@@ -132,10 +126,7 @@ pub fn load_questions(path: &Path) -> Result<Vec<Question>, DatasetError> {
             continue;
         }
         let raw: RawQuestion = serde_json::from_str(&line).map_err(|e| {
-            error(
-                number,
-                format!("expected a FlashRAG question {{id, question, golden_answers}}: {e}"),
-            )
+            error(number, format!("expected a FlashRAG question {{id, question, golden_answers}}: {e}"))
         })?;
         let golden_answers = answers(raw.golden_answers).map_err(|e| error(number, e))?;
         let id = match raw.id {
@@ -158,17 +149,11 @@ pub fn load_questions(path: &Path) -> Result<Vec<Question>, DatasetError> {
 /// `reward_model.ground_truth.target`; the question from a `question` column or, failing that,
 /// from the last user message of `prompt` after its last `Question:`.
 pub fn load_verl_parquet(path: &Path) -> Result<Vec<Question>, DatasetError> {
-    let error = |line: Option<u64>, message: String| DatasetError {
-        path: path.to_path_buf(),
-        line,
-        message,
-    };
+    let error = |line: Option<u64>, message: String| DatasetError { path: path.to_path_buf(), line, message };
     let bytes = std::fs::read(path).map_err(|e| error(None, format!("cannot open: {e}")))?;
-    let batch = sesa_engine::table::decode_parquet(bytes.into())
-        .map_err(|e| error(None, format!("not Parquet: {e}")))?;
-    (0..batch.num_rows())
-        .map(|row| verl_row(&batch, row).map_err(|m| error(Some(row as u64 + 1), m)))
-        .collect()
+    let batch =
+        sesa_engine::table::decode_parquet(bytes.into()).map_err(|e| error(None, format!("not Parquet: {e}")))?;
+    (0..batch.num_rows()).map(|row| verl_row(&batch, row).map_err(|m| error(Some(row as u64 + 1), m))).collect()
 }
 
 fn string_at(array: &dyn Array, row: usize) -> Option<String> {
@@ -178,18 +163,12 @@ fn string_at(array: &dyn Array, row: usize) -> Option<String> {
     array
         .as_string_opt::<i32>()
         .map(|a| a.value(row).to_string())
-        .or_else(|| {
-            array
-                .as_string_opt::<i64>()
-                .map(|a| a.value(row).to_string())
-        })
+        .or_else(|| array.as_string_opt::<i64>().map(|a| a.value(row).to_string()))
         .or_else(|| array.as_string_view_opt().map(|a| a.value(row).to_string()))
 }
 
 fn verl_row(batch: &RecordBatch, row: usize) -> Result<Question, String> {
-    let reward = batch
-        .column_by_name("reward_model")
-        .ok_or("no `reward_model` column: not the verl format")?;
+    let reward = batch.column_by_name("reward_model").ok_or("no `reward_model` column: not the verl format")?;
     let truth = reward
         .as_struct_opt()
         .and_then(|s| s.column_by_name("ground_truth"))
@@ -200,53 +179,24 @@ fn verl_row(batch: &RecordBatch, row: usize) -> Result<Question, String> {
         .ok_or("no `reward_model.ground_truth.target`")?;
     let golden_answers = if let Some(list) = target.as_list_opt::<i32>() {
         let values = list.value(row);
-        (0..values.len())
-            .filter_map(|i| string_at(&values, i))
-            .collect()
+        (0..values.len()).filter_map(|i| string_at(&values, i)).collect()
     } else {
         string_at(target, row).into_iter().collect()
     };
-    let question = match batch
-        .column_by_name("question")
-        .and_then(|c| string_at(c, row))
-    {
+    let question = match batch.column_by_name("question").and_then(|c| string_at(c, row)) {
         Some(question) => question,
         None => {
-            let prompt = batch
-                .column_by_name("prompt")
-                .ok_or("no `question` or `prompt` column")?;
-            let messages = prompt
-                .as_list_opt::<i32>()
-                .ok_or("`prompt` is not a list of messages")?
-                .value(row);
-            let messages = messages
-                .as_struct_opt()
-                .ok_or("`prompt` messages are not {role, content}")?;
-            let content = messages
-                .column_by_name("content")
-                .ok_or("`prompt` messages have no `content`")?;
-            let text = (0..messages.len())
-                .rev()
-                .find_map(|i| string_at(content, i))
-                .ok_or("empty `prompt`")?;
-            let question = text
-                .rsplit_once("Question:")
-                .map(|(_, q)| q)
-                .unwrap_or(&text);
+            let prompt = batch.column_by_name("prompt").ok_or("no `question` or `prompt` column")?;
+            let messages = prompt.as_list_opt::<i32>().ok_or("`prompt` is not a list of messages")?.value(row);
+            let messages = messages.as_struct_opt().ok_or("`prompt` messages are not {role, content}")?;
+            let content = messages.column_by_name("content").ok_or("`prompt` messages have no `content`")?;
+            let text = (0..messages.len()).rev().find_map(|i| string_at(content, i)).ok_or("empty `prompt`")?;
+            let question = text.rsplit_once("Question:").map(|(_, q)| q).unwrap_or(&text);
             question.trim().to_string()
         }
     };
-    let id = batch
-        .column_by_name("id")
-        .and_then(|c| string_at(c, row))
-        .unwrap_or_else(|| row.to_string());
-    Ok(Question {
-        id,
-        question,
-        golden_answers,
-        hops: None,
-        supporting_titles: Vec::new(),
-    })
+    let id = batch.column_by_name("id").and_then(|c| string_at(c, row)).unwrap_or_else(|| row.to_string());
+    Ok(Question { id, question, golden_answers, hops: None, supporting_titles: Vec::new() })
 }
 
 #[cfg(test)]

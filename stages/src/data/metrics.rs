@@ -7,11 +7,7 @@ const PUNCTUATION: &str = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~";
 /// Lowercase, remove ASCII punctuation, replace the whole words `a`, `an`, `the` with a space,
 /// collapse whitespace: `white_space_fix(remove_articles(remove_punc(lower(s))))`.
 pub fn normalize_answer(text: &str) -> String {
-    let lowered: String = text
-        .to_lowercase()
-        .chars()
-        .filter(|c| !PUNCTUATION.contains(*c))
-        .collect();
+    let lowered: String = text.to_lowercase().chars().filter(|c| !PUNCTUATION.contains(*c)).collect();
     // Python's `\b(a|an|the)\b` in Unicode mode: a run of word characters equal to an article.
     let mut without_articles = String::with_capacity(lowered.len());
     let mut word = String::new();
@@ -32,23 +28,13 @@ pub fn normalize_answer(text: &str) -> String {
         }
     }
     flush(&mut word, &mut without_articles);
-    without_articles
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    without_articles.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// 1.0 when the normalised prediction equals the normalised form of any gold answer.
 pub fn exact_match(prediction: &str, golds: &[String]) -> f64 {
     let prediction = normalize_answer(prediction);
-    if golds
-        .iter()
-        .any(|gold| normalize_answer(gold) == prediction)
-    {
-        1.0
-    } else {
-        0.0
-    }
+    if golds.iter().any(|gold| normalize_answer(gold) == prediction) { 1.0 } else { 0.0 }
 }
 
 /// Token-multiset F1 between the normalised prediction and each gold; the best one.

@@ -126,10 +126,7 @@ enum Object {
 
 impl Entity {
     fn get(&self, relation: Relation) -> Option<Object> {
-        self.facts
-            .iter()
-            .find(|(r, _)| *r == relation)
-            .map(|(_, o)| *o)
+        self.facts.iter().find(|(r, _)| *r == relation).map(|(_, o)| *o)
     }
 }
 
@@ -166,29 +163,12 @@ pub struct World {
 }
 
 const SYLLABLES: &[&str] = &[
-    "ka", "ve", "lor", "mi", "tan", "quo", "ris", "bel", "dun", "sa", "thu", "or", "en", "va",
-    "zel", "ny", "pra", "col", "fen", "ish", "gar", "lu", "mer", "od", "stri", "wen", "ax", "bri",
-    "cae", "dro",
+    "ka", "ve", "lor", "mi", "tan", "quo", "ris", "bel", "dun", "sa", "thu", "or", "en", "va", "zel", "ny", "pra",
+    "col", "fen", "ish", "gar", "lu", "mer", "od", "stri", "wen", "ax", "bri", "cae", "dro",
 ];
-const PERSON_ROLES: &[&str] = &[
-    "chemist",
-    "painter",
-    "engineer",
-    "poet",
-    "botanist",
-    "judge",
-    "sailor",
-    "composer",
-    "architect",
-    "historian",
-];
-const CITY_ROLES: &[&str] = &[
-    "river port",
-    "market town",
-    "mountain city",
-    "coastal city",
-    "university town",
-];
+const PERSON_ROLES: &[&str] =
+    &["chemist", "painter", "engineer", "poet", "botanist", "judge", "sailor", "composer", "architect", "historian"];
+const CITY_ROLES: &[&str] = &["river port", "market town", "mountain city", "coastal city", "university town"];
 const ORG_SUFFIXES: &[(&str, &str)] = &[
     ("Industries", "manufacturer"),
     ("Press", "publisher"),
@@ -197,29 +177,15 @@ const ORG_SUFFIXES: &[(&str, &str)] = &[
     ("Shipping Company", "shipping company"),
     ("Observatory", "observatory"),
 ];
-const WORK_ADJECTIVES: &[&str] = &[
-    "Silent",
-    "Crimson",
-    "Hollow",
-    "Last",
-    "Glass",
-    "Northern",
-    "Forgotten",
-    "Seventh",
-    "Amber",
-    "Distant",
-];
-const WORK_NOUNS: &[&str] = &[
-    "Harbour", "Orchard", "Lantern", "Meridian", "Archive", "Tide", "Bell", "Garden", "Compass",
-    "Winter",
-];
+const WORK_ADJECTIVES: &[&str] =
+    &["Silent", "Crimson", "Hollow", "Last", "Glass", "Northern", "Forgotten", "Seventh", "Amber", "Distant"];
+const WORK_NOUNS: &[&str] =
+    &["Harbour", "Orchard", "Lantern", "Meridian", "Archive", "Tide", "Bell", "Garden", "Compass", "Winter"];
 const WORK_ROLES: &[&str] = &["novel", "play", "poetry collection", "treatise", "memoir"];
 
 fn word(rng: &mut ChaCha8Rng, syllables: std::ops::Range<usize>) -> String {
     let count = rng.random_range(syllables);
-    let mut word: String = (0..count)
-        .map(|_| *SYLLABLES.choose(rng).expect("non-empty"))
-        .collect();
+    let mut word: String = (0..count).map(|_| *SYLLABLES.choose(rng).expect("non-empty")).collect();
     word[..1].make_ascii_uppercase();
     word
 }
@@ -245,35 +211,22 @@ impl World {
         let country_start = entities.len();
         for _ in 0..countries {
             let name = unique(&mut rng, &|r| format!("{}ia", word(r, 2..4)));
-            entities.push(Entity {
-                kind: Kind::Country,
-                name,
-                facts: Vec::new(),
-                role: "country",
-            });
+            entities.push(Entity { kind: Kind::Country, name, facts: Vec::new(), role: "country" });
         }
         let city_start = entities.len();
         for _ in 0..cities {
             let name = unique(&mut rng, &|r| word(r, 2..4));
             let country = rng.random_range(country_start..city_start);
             let role = *CITY_ROLES.choose(&mut rng).expect("non-empty");
-            entities.push(Entity {
-                kind: Kind::City,
-                name,
-                facts: vec![(CountryOf, Object::Entity(country))],
-                role,
-            });
+            entities.push(Entity { kind: Kind::City, name, facts: vec![(CountryOf, Object::Entity(country))], role });
         }
         let person_start = entities.len();
         for index in 0..people {
-            let name = unique(&mut rng, &|r| {
-                format!("{} {}", word(r, 2..3), word(r, 2..4))
-            });
+            let name = unique(&mut rng, &|r| format!("{} {}", word(r, 2..3), word(r, 2..4)));
             let city = rng.random_range(city_start..person_start);
             let mut facts = vec![(BornIn, Object::Entity(city))];
             // Mothers come from earlier people, so a chain of mothers always ends.
-            let mother = (index > 10 && rng.random_bool(0.6))
-                .then(|| person_start + rng.random_range(0..index));
+            let mother = (index > 10 && rng.random_bool(0.6)).then(|| person_start + rng.random_range(0..index));
             let year = match mother.and_then(|m| entities[m].get(BirthYear)) {
                 Some(Object::Year(mother_year)) => mother_year + rng.random_range(18..40),
                 _ => rng.random_range(1780..1900),
@@ -283,12 +236,7 @@ impl World {
             }
             facts.push((BirthYear, Object::Year(year)));
             let role = *PERSON_ROLES.choose(&mut rng).expect("non-empty");
-            entities.push(Entity {
-                kind: Kind::Person,
-                name,
-                facts,
-                role,
-            });
+            entities.push(Entity { kind: Kind::Person, name, facts, role });
         }
         let person_end = entities.len();
         // Spouses: disjoint pairs, symmetric.
@@ -316,25 +264,15 @@ impl World {
             let facts = vec![
                 (FounderOf, Object::Entity(founder)),
                 (HeadquartersOf, Object::Entity(city)),
-                (
-                    FoundedYear,
-                    Object::Year(founder_year + rng.random_range(22..60)),
-                ),
+                (FoundedYear, Object::Year(founder_year + rng.random_range(22..60))),
             ];
-            entities.push(Entity {
-                kind: Kind::Organisation,
-                name,
-                facts,
-                role,
-            });
+            entities.push(Entity { kind: Kind::Organisation, name, facts, role });
         }
         let org_end = entities.len();
         for person in person_start..person_end {
             if rng.random_bool(0.5) {
                 let employer = rng.random_range(org_start..org_end);
-                entities[person]
-                    .facts
-                    .push((EmployerOf, Object::Entity(employer)));
+                entities[person].facts.push((EmployerOf, Object::Entity(employer)));
             }
         }
         for _ in 0..works {
@@ -353,17 +291,9 @@ impl World {
                 (CreatorOf, Object::Entity(author)),
                 (PublishedYear, Object::Year(born + rng.random_range(20..70))),
             ];
-            entities.push(Entity {
-                kind: Kind::Work,
-                name,
-                facts,
-                role,
-            });
+            entities.push(Entity { kind: Kind::Work, name, facts, role });
         }
-        let mut world = World {
-            entities,
-            questions: Vec::new(),
-        };
+        let mut world = World { entities, questions: Vec::new() };
         world.questions = world.make_questions(&mut rng, config.questions);
         world
     }
@@ -389,11 +319,7 @@ impl World {
                 continue;
             }
             let mut supporting = vec![self.entities[start].name.clone()];
-            supporting.extend(
-                inner
-                    .iter()
-                    .map(|(_, entity)| self.entities[*entity].name.clone()),
-            );
+            supporting.extend(inner.iter().map(|(_, entity)| self.entities[*entity].name.clone()));
             questions.push(WorldQuestion {
                 id: format!("q{}", questions.len()),
                 question,
@@ -407,12 +333,7 @@ impl World {
 
     /// A random chain of `hops` relations from `start`: (relation, object entity) per hop, and
     /// the answer text. Entity objects of the last hop are reported as their index too.
-    fn walk(
-        &self,
-        rng: &mut ChaCha8Rng,
-        start: usize,
-        hops: u8,
-    ) -> Option<(Vec<(Relation, usize)>, String)> {
+    fn walk(&self, rng: &mut ChaCha8Rng, start: usize, hops: u8) -> Option<(Vec<(Relation, usize)>, String)> {
         let mut chain = Vec::new();
         let mut current = start;
         for hop in 0..hops {
@@ -493,12 +414,7 @@ impl World {
             if !seen.insert((answer.clone(), question.hops)) {
                 continue;
             }
-            let answer_type = match self
-                .entities
-                .iter()
-                .find(|e| e.name == answer)
-                .map(|e| e.kind)
-            {
+            let answer_type = match self.entities.iter().find(|e| e.name == answer).map(|e| e.kind) {
                 Some(Kind::Person) => "person",
                 Some(Kind::City) => "city",
                 Some(Kind::Country) => "country",
@@ -506,11 +422,7 @@ impl World {
                 Some(Kind::Work) => "work",
                 None => "year",
             };
-            targets.push(Target {
-                answer,
-                hops: question.hops,
-                answer_type: answer_type.to_string(),
-            });
+            targets.push(Target { answer, hops: question.hops, answer_type: answer_type.to_string() });
         }
         targets
     }
@@ -527,11 +439,7 @@ impl World {
         write_jsonl(&out.join("questions.jsonl"), &self.questions)?;
         let targets = self.targets();
         write_jsonl(&out.join("targets.jsonl"), &targets)?;
-        Ok(WorldFiles {
-            passages: self.entities.len(),
-            questions: self.questions.len(),
-            targets: targets.len(),
-        })
+        Ok(WorldFiles { passages: self.entities.len(), questions: self.questions.len(), targets: targets.len() })
     }
 }
 
@@ -549,11 +457,7 @@ pub struct WorldFiles {
 fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> std::io::Result<()> {
     let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
     for row in rows {
-        writeln!(
-            file,
-            "{}",
-            serde_json::to_string(row).map_err(std::io::Error::other)?
-        )?;
+        writeln!(file, "{}", serde_json::to_string(row).map_err(std::io::Error::other)?)?;
     }
     file.flush()
 }

@@ -12,12 +12,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tantivy::collector::TopDocs;
 use tantivy::query::BooleanQuery;
-use tantivy::schema::{
-    Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value,
-};
+use tantivy::schema::{Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value};
 use tantivy::tokenizer::{
-    Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer,
-    TokenStream,
+    Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer, TokenStream,
 };
 use tantivy::{Index, IndexReader, ReloadPolicy, TantivyDocument, Term};
 
@@ -52,22 +49,9 @@ fn schema() -> (Schema, Fields) {
     let id = builder.add_text_field("id", STRING | STORED);
     let title = builder.add_text_field("title", STORED);
     let text = builder.add_text_field("text", STORED);
-    let indexing = TextFieldIndexing::default()
-        .set_tokenizer(ANALYZER)
-        .set_index_option(IndexRecordOption::WithFreqs);
-    let contents = builder.add_text_field(
-        "contents",
-        TextOptions::default().set_indexing_options(indexing),
-    );
-    (
-        builder.build(),
-        Fields {
-            id,
-            title,
-            text,
-            contents,
-        },
-    )
+    let indexing = TextFieldIndexing::default().set_tokenizer(ANALYZER).set_index_option(IndexRecordOption::WithFreqs);
+    let contents = builder.add_text_field("contents", TextOptions::default().set_indexing_options(indexing));
+    (builder.build(), Fields { id, title, text, contents })
 }
 
 /// What building an index did.
@@ -96,114 +80,86 @@ impl std::fmt::Debug for Bm25Index {
 impl Bm25Index {
     /// Builds an index of the JSONL corpus at `corpus` in the empty or new directory `out`,
     /// streaming the corpus. `progress(bytes_read)` is called every few thousand passages.
-    pub fn build(
-        corpus: &Path,
-        out: &Path,
-        mut progress: impl FnMut(u64),
-    ) -> Result<IndexStats, SearchError> {
-        let index_error = |message: String| SearchError::Index {
-            path: out.display().to_string(),
-            message,
-        };
-        let mut reader = CorpusReader::open(corpus).map_err(|e| index_error(e.to_string()))?;
-        if out.exists()
-            && std::fs::read_dir(out)
-                .map(|mut d| d.next().is_some())
-                .unwrap_or(true)
-        {
-            return Err(index_error(
-                "the output directory exists and is not empty; remove it or choose another".into(),
-            ));
+    pub fn build(corpus: &Path, out: &Path, progress: impl FnMut(u64)) -> Result<IndexStats, SearchError> {
+        let index_error = |message: String| SearchError::Index { path: out.display().to_string(), message };
+        if out.exists() && std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
+            return Err(index_error("the output directory exists and is not empty; remove it or choose another".into()));
         }
-        std::fs::create_dir_all(out).map_err(|e| index_error(e.to_string()))?;
+        // Build beside the target and move it into place at the end, so that a failed or
+        // interrupted build never leaves something that looks like an index.
+        let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("index");
+        let partial = out.with_file_name(format!("{name}.partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&partial);
+        match Self::build_into(corpus, &partial, progress) {
+            Ok(stats) => {
+                if out.exists() {
+                    std::fs::remove_dir(out).map_err(|e| index_error(e.to_string()))?;
+                }
+                std::fs::rename(&partial, out).map_err(|e| index_error(e.to_string()))?;
+                Ok(stats)
+            }
+            Err(message) => {
+                let _ = std::fs::remove_dir_all(&partial);
+                Err(index_error(message))
+            }
+        }
+    }
+
+    fn build_into(corpus: &Path, out: &Path, mut progress: impl FnMut(u64)) -> Result<IndexStats, String> {
+        let mut reader = CorpusReader::open(corpus).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
         let (schema, fields) = schema();
-        let index = Index::create_in_dir(out, schema).map_err(|e| index_error(e.to_string()))?;
+        let index = Index::create_in_dir(out, schema).map_err(|e| e.to_string())?;
         index.tokenizers().register(ANALYZER, analyzer());
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8);
-        let mut writer = index
-            .writer_with_num_threads::<TantivyDocument>(threads, threads * 100_000_000)
-            .map_err(|e| index_error(e.to_string()))?;
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+        let mut writer =
+            index.writer_with_num_threads::<TantivyDocument>(threads, threads * 100_000_000).map_err(|e| e.to_string())?;
         let mut passages = 0u64;
         while let Some(passage) = reader.next() {
-            let passage = passage.map_err(|e| index_error(e.to_string()))?;
+            let passage = passage.map_err(|e| e.to_string())?;
             let mut document = TantivyDocument::default();
             document.add_text(fields.id, &passage.id);
             document.add_text(fields.title, &passage.title);
             document.add_text(fields.text, &passage.text);
-            document.add_text(
-                fields.contents,
-                format!("{}\n{}", passage.title, passage.text),
-            );
-            writer
-                .add_document(document)
-                .map_err(|e| index_error(e.to_string()))?;
+            document.add_text(fields.contents, format!("{}\n{}", passage.title, passage.text));
+            writer.add_document(document).map_err(|e| e.to_string())?;
             passages += 1;
             if passages.is_multiple_of(4096) {
                 progress(reader.bytes_read());
             }
         }
-        writer.commit().map_err(|e| index_error(e.to_string()))?;
-        writer
-            .wait_merging_threads()
-            .map_err(|e| index_error(e.to_string()))?;
-        progress(reader.bytes_read());
         if passages == 0 {
-            return Err(index_error(format!(
-                "the corpus `{}` has no passages",
-                corpus.display()
-            )));
+            return Err(format!("the corpus `{}` has no passages", corpus.display()));
         }
-        Ok(IndexStats {
-            passages,
-            bytes: reader.bytes_read(),
-        })
+        writer.commit().map_err(|e| e.to_string())?;
+        writer.wait_merging_threads().map_err(|e| e.to_string())?;
+        progress(reader.bytes_read());
+        Ok(IndexStats { passages, bytes: reader.bytes_read() })
     }
 
     /// Opens an index built by [`Bm25Index::build`].
     pub fn open(path: &Path) -> Result<Bm25Index, SearchError> {
-        let index_error = |message: String| SearchError::Index {
-            path: path.display().to_string(),
-            message,
-        };
+        let index_error = |message: String| SearchError::Index { path: path.display().to_string(), message };
         let index = Index::open_in_dir(path).map_err(|e| {
-            index_error(format!(
-                "{e}; build one with `sesa index build CORPUS.jsonl --out {}`",
-                path.display()
-            ))
+            index_error(format!("{e}; build one with `sesa index build CORPUS.jsonl --out {}`", path.display()))
         })?;
         index.tokenizers().register(ANALYZER, analyzer());
         let (expected, _) = schema();
         let schema = index.schema();
         let field = |name: &str| {
-            schema
-                .get_field(name)
-                .map_err(|_| index_error(format!("not a sesa index: no `{name}` field")))
+            schema.get_field(name).map_err(|_| index_error(format!("not a sesa index: no `{name}` field")))
         };
-        let fields = Fields {
-            id: field("id")?,
-            title: field("title")?,
-            text: field("text")?,
-            contents: field("contents")?,
-        };
+        let fields =
+            Fields { id: field("id")?, title: field("title")?, text: field("text")?, contents: field("contents")? };
         if schema != expected {
-            return Err(index_error(
-                "built by another version of sesa; rebuild it with `sesa index build`".into(),
-            ));
+            return Err(index_error("built by another version of sesa; rebuild it with `sesa index build`".into()));
         }
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()
             .map_err(|e: tantivy::TantivyError| index_error(e.to_string()))?;
-        Ok(Bm25Index {
-            path: path.to_path_buf(),
-            reader,
-            analyzer: analyzer(),
-            fields,
-        })
+        Ok(Bm25Index { path: path.to_path_buf(), reader, analyzer: analyzer(), fields })
     }
 
     /// How many passages the index holds.
@@ -226,10 +182,7 @@ impl Bm25Index {
         let mut stream = analyzer.token_stream(&query[..end]);
         let mut terms = Vec::new();
         while stream.advance() && terms.len() < MAX_QUERY_TERMS {
-            terms.push(Term::from_field_text(
-                self.fields.contents,
-                &stream.token().text,
-            ));
+            terms.push(Term::from_field_text(self.fields.contents, &stream.token().text));
         }
         terms
     }
@@ -246,27 +199,14 @@ impl Bm25Index {
             message: e.to_string(),
         };
         let top = searcher
-            .search(
-                &BooleanQuery::new_multiterms_query(terms),
-                &TopDocs::with_limit(k).order_by_score(),
-            )
+            .search(&BooleanQuery::new_multiterms_query(terms), &TopDocs::with_limit(k).order_by_score())
             .map_err(index_error)?;
         top.into_iter()
             .map(|(score, address)| {
                 let document: TantivyDocument = searcher.doc(address).map_err(index_error)?;
-                let text = |field| {
-                    document
-                        .get_first(field)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_string()
-                };
+                let text = |field| document.get_first(field).and_then(|v| v.as_str()).unwrap_or_default().to_string();
                 Ok(Hit {
-                    doc: Doc {
-                        id: text(self.fields.id),
-                        title: text(self.fields.title),
-                        text: text(self.fields.text),
-                    },
+                    doc: Doc { id: text(self.fields.id), title: text(self.fields.title), text: text(self.fields.text) },
                     score,
                 })
             })
@@ -275,9 +215,7 @@ impl Bm25Index {
 
     /// The top-`k` passages for each query, using every core.
     pub fn search_batch(&self, queries: &[String], k: usize) -> Result<Vec<Vec<Hit>>, SearchError> {
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         if queries.len() < 8 || threads == 1 {
             return queries.iter().map(|q| self.search_one(q, k)).collect();
         }
@@ -286,11 +224,7 @@ impl Bm25Index {
             let handles: Vec<_> = queries
                 .chunks(chunk)
                 .map(|part| {
-                    scope.spawn(move || {
-                        part.iter()
-                            .map(|q| self.search_one(q, k))
-                            .collect::<Result<Vec<_>, _>>()
-                    })
+                    scope.spawn(move || part.iter().map(|q| self.search_one(q, k)).collect::<Result<Vec<_>, _>>())
                 })
                 .collect();
             let mut results = Vec::with_capacity(queries.len());
@@ -303,20 +237,13 @@ impl Bm25Index {
 }
 
 impl Search for Arc<Bm25Index> {
-    fn search<'a>(
-        &'a self,
-        queries: &'a [String],
-        k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>> {
+    fn search<'a>(&'a self, queries: &'a [String], k: usize) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>> {
         let index = self.clone();
         let queries = queries.to_vec();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || index.search_batch(&queries, k))
                 .await
-                .map_err(|e| SearchError::Index {
-                    path: "?".into(),
-                    message: format!("search task failed: {e}"),
-                })?
+                .map_err(|e| SearchError::Index { path: "?".into(), message: format!("search task failed: {e}") })?
         })
     }
 }

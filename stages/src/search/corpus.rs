@@ -60,18 +60,13 @@ impl CorpusReader {
     }
 
     fn error(&self, message: impl Into<String>) -> CorpusError {
-        CorpusError {
-            path: self.path.clone(),
-            line: self.line,
-            message: message.into(),
-        }
+        CorpusError { path: self.path.clone(), line: self.line, message: message.into() }
     }
 }
 
 /// Parses one corpus line.
 pub(crate) fn parse_passage(line: &str) -> Result<Doc, String> {
-    let raw: RawPassage =
-        serde_json::from_str(line).map_err(|e| format!("not a JSON passage: {e}"))?;
+    let raw: RawPassage = serde_json::from_str(line).map_err(|e| format!("not a JSON passage: {e}"))?;
     let id = match raw.id {
         serde_json::Value::String(id) => id,
         serde_json::Value::Number(id) => id.to_string(),
@@ -81,15 +76,8 @@ pub(crate) fn parse_passage(line: &str) -> Result<Doc, String> {
         (Some(contents), _, _) => {
             let (first, rest) = contents.split_once('\n').unwrap_or((contents.as_str(), ""));
             let title = first.trim();
-            let title = title
-                .strip_prefix('"')
-                .and_then(|t| t.strip_suffix('"'))
-                .unwrap_or(title);
-            Ok(Doc {
-                id,
-                title: title.to_string(),
-                text: rest.trim().to_string(),
-            })
+            let title = title.strip_prefix('"').and_then(|t| t.strip_suffix('"')).unwrap_or(title);
+            Ok(Doc { id, title: title.to_string(), text: rest.trim().to_string() })
         }
         (None, Some(title), Some(text)) => Ok(Doc { id, title, text }),
         _ => Err("expected `contents` (\"Title\"\\ntext) or both `title` and `text`".into()),
@@ -127,14 +115,8 @@ mod tests {
 
     #[test]
     fn both_formats_parse_to_the_same_doc() {
-        let a = parse_passage(
-            r#"{"id": "7", "contents": "\"Paris\"\nParis is the capital of France."}"#,
-        )
-        .unwrap();
-        let b = parse_passage(
-            r#"{"id": 7, "title": "Paris", "text": "Paris is the capital of France."}"#,
-        )
-        .unwrap();
+        let a = parse_passage(r#"{"id": "7", "contents": "\"Paris\"\nParis is the capital of France."}"#).unwrap();
+        let b = parse_passage(r#"{"id": 7, "title": "Paris", "text": "Paris is the capital of France."}"#).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.contents(), "\"Paris\"\nParis is the capital of France.");
     }
@@ -143,14 +125,16 @@ mod tests {
     fn malformed_lines_name_the_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.jsonl");
-        std::fs::write(&path, "{\"id\":\"1\",\"title\":\"A\",\"text\":\"a\"}\n\n{\"id\":\"2\",\"text\":\"b\"}\nnot json\n").unwrap();
+        std::fs::write(
+            &path,
+            "{\"id\":\"1\",\"title\":\"A\",\"text\":\"a\"}\n\n{\"id\":\"2\",\"text\":\"b\"}\nnot json\n",
+        )
+        .unwrap();
         let results: Vec<String> = CorpusReader::open(&path)
             .unwrap()
             .map(|r| match r {
                 Ok(doc) => doc.id,
-                Err(e) => e
-                    .to_string()
-                    .replace(&dir.path().display().to_string(), "[DIR]"),
+                Err(e) => e.to_string().replace(&dir.path().display().to_string(), "[DIR]"),
             })
             .collect();
         insta::assert_snapshot!(results.join("\n"), @r#"

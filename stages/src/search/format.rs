@@ -14,12 +14,7 @@ pub fn format_results(results: &[Vec<Hit>]) -> String {
             }
             let mut text = String::new();
             for (index, hit) in hits.iter().enumerate() {
-                text.push_str(&format!(
-                    "Doc {} (Title: \"{}\")\n{}\n\n",
-                    index + 1,
-                    hit.doc.title,
-                    hit.doc.text
-                ));
+                text.push_str(&format!("Doc {} (Title: \"{}\")\n{}\n\n", index + 1, hit.doc.title, hit.doc.text));
             }
             text.trim().to_string()
         })
@@ -33,26 +28,13 @@ mod tests {
     use crate::search::Doc;
 
     fn hit(title: &str, text: &str) -> Hit {
-        Hit {
-            doc: Doc {
-                id: "x".into(),
-                title: title.into(),
-                text: text.into(),
-            },
-            score: 1.0,
-        }
+        Hit { doc: Doc { id: "x".into(), title: title.into(), text: text.into() }, score: 1.0 }
     }
 
     #[test]
     fn formats_like_ssp() {
         let results = vec![
-            vec![
-                hit(
-                    "William Boyd (pathologist)",
-                    "William Boyd was a pathologist.",
-                ),
-                hit("Paris", "Capital."),
-            ],
+            vec![hit("William Boyd (pathologist)", "William Boyd was a pathologist."), hit("Paris", "Capital.")],
             vec![],
             vec![hit("Lyon", "A city.")],
         ];

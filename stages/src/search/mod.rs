@@ -4,9 +4,11 @@
 //! - `corpus`: streaming reader of Search-R1 JSONL corpora.
 //! - `bm25`: the tantivy index (build, open, query).
 //! - `retriever`: client of the Search-R1 `POST /retrieve` API; `server` serves an index with it.
+//! - `config`: the `search:` section of a spec.
 //! - `format`: how results are shown to a model, exactly as SSP does, in one place.
 
 mod bm25;
+mod config;
 mod corpus;
 mod format;
 mod retriever;
@@ -15,6 +17,7 @@ mod server;
 use futures::future::BoxFuture;
 
 pub use self::bm25::{Bm25Index, IndexStats};
+pub use self::config::{Backend, SearchConfig};
 pub use self::corpus::{CorpusError, CorpusReader};
 pub use self::format::format_results;
 pub use self::retriever::{RetrieverClient, RetrieverConfig};
@@ -75,9 +78,5 @@ pub enum SearchError {
 /// models and are untrusted. Errors mean the backend itself failed.
 pub trait Search: Send + Sync {
     /// Top-`k` hits for each of `queries`.
-    fn search<'a>(
-        &'a self,
-        queries: &'a [String],
-        k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>>;
+    fn search<'a>(&'a self, queries: &'a [String], k: usize) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>>;
 }

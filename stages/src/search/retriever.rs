@@ -86,19 +86,12 @@ impl RetrieverClient {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs_f64(config.timeout_secs.max(0.001)))
             .build()
-            .map_err(|e| SearchError::Retriever {
-                url: config.url.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| SearchError::Retriever { url: config.url.clone(), message: e.to_string() })?;
         Ok(RetrieverClient { client, config })
     }
 
     async fn attempt(&self, queries: &[String], k: usize) -> Result<Vec<Vec<Hit>>, Attempt> {
-        let request = RetrieveRequest {
-            queries,
-            topk: k,
-            return_scores: true,
-        };
+        let request = RetrieveRequest { queries, topk: k, return_scores: true };
         let response = self.client.post(&self.config.url).json(&request).send().await.map_err(|e| {
             let message = if e.is_timeout() {
                 format!("no answer within {} s", self.config.timeout_secs)
@@ -113,21 +106,12 @@ impl RetrieverClient {
         }
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            return Err(Attempt::GiveUp(format!(
-                "answered {status}: {}",
-                body.chars().take(300).collect::<String>()
-            )));
+            return Err(Attempt::GiveUp(format!("answered {status}: {}", body.chars().take(300).collect::<String>())));
         }
-        let body: RetrieveResponse = response
-            .json()
-            .await
-            .map_err(|e| Attempt::GiveUp(format!("answer is not a retriever response: {e}")))?;
+        let body: RetrieveResponse =
+            response.json().await.map_err(|e| Attempt::GiveUp(format!("answer is not a retriever response: {e}")))?;
         if body.result.len() != queries.len() {
-            return Err(Attempt::GiveUp(format!(
-                "{} results for {} queries",
-                body.result.len(),
-                queries.len()
-            )));
+            return Err(Attempt::GiveUp(format!("{} results for {} queries", body.result.len(), queries.len())));
         }
         body.result
             .into_iter()
@@ -135,12 +119,8 @@ impl RetrieverClient {
                 hits.into_iter()
                     .take(k)
                     .map(|scored| {
-                        let doc =
-                            parse_passage(&scored.document.to_string()).map_err(Attempt::GiveUp)?;
-                        Ok(Hit {
-                            doc,
-                            score: scored.score,
-                        })
+                        let doc = parse_passage(&scored.document.to_string()).map_err(Attempt::GiveUp)?;
+                        Ok(Hit { doc, score: scored.score })
                     })
                     .collect()
             })
@@ -149,11 +129,7 @@ impl RetrieverClient {
 }
 
 impl Search for RetrieverClient {
-    fn search<'a>(
-        &'a self,
-        queries: &'a [String],
-        k: usize,
-    ) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>> {
+    fn search<'a>(&'a self, queries: &'a [String], k: usize) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>> {
         Box::pin(async move {
             if queries.is_empty() {
                 return Ok(Vec::new());
@@ -170,15 +146,9 @@ impl Search for RetrieverClient {
                         pause *= 2;
                     }
                     Err(Attempt::Retry(message)) | Err(Attempt::GiveUp(message)) => {
-                        let message = if attempts > 1 {
-                            format!("{message} (after {attempts} attempts)")
-                        } else {
-                            message
-                        };
-                        return Err(SearchError::Retriever {
-                            url: self.config.url.clone(),
-                            message,
-                        });
+                        let message =
+                            if attempts > 1 { format!("{message} (after {attempts} attempts)") } else { message };
+                        return Err(SearchError::Retriever { url: self.config.url.clone(), message });
                     }
                 }
             }

@@ -29,12 +29,7 @@ pub struct ServerLimits {
 
 impl Default for ServerLimits {
     fn default() -> Self {
-        ServerLimits {
-            max_body_bytes: 1 << 20,
-            max_queries: 512,
-            max_topk: 100,
-            default_topk: 3,
-        }
+        ServerLimits { max_body_bytes: 1 << 20, max_queries: 512, max_topk: 100, default_topk: 3 }
     }
 }
 
@@ -67,39 +62,27 @@ async fn retrieve(
     if request.queries.len() > limits.max_queries {
         return refuse(
             StatusCode::BAD_REQUEST,
-            format!(
-                "{} queries; at most {} per request",
-                request.queries.len(),
-                limits.max_queries
-            ),
+            format!("{} queries; at most {} per request", request.queries.len(), limits.max_queries),
         );
     }
     let topk = request.topk.unwrap_or(limits.default_topk);
     if topk > limits.max_topk {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            format!("topk {topk}; at most {}", limits.max_topk),
-        );
+        return refuse(StatusCode::BAD_REQUEST, format!("topk {topk}; at most {}", limits.max_topk));
     }
     let index = state.index.clone();
     let queries = request.queries;
-    let results =
-        match tokio::task::spawn_blocking(move || index.search_batch(&queries, topk)).await {
-            Ok(Ok(results)) => results,
-            Ok(Err(error)) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
-            Err(error) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
-        };
+    let results = match tokio::task::spawn_blocking(move || index.search_batch(&queries, topk)).await {
+        Ok(Ok(results)) => results,
+        Ok(Err(error)) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+        Err(error) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+    };
     let result: Vec<Vec<serde_json::Value>> = results
         .into_iter()
         .map(|hits| {
             hits.into_iter()
                 .map(|hit| {
                     let document = json!({ "id": hit.doc.id, "contents": hit.doc.contents() });
-                    if request.return_scores {
-                        json!({ "document": document, "score": hit.score })
-                    } else {
-                        document
-                    }
+                    if request.return_scores { json!({ "document": document, "score": hit.score }) } else { document }
                 })
                 .collect()
         })
@@ -120,9 +103,7 @@ pub async fn serve(
         .route("/status", get(|| async { Json("ok") }))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .with_state(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
 #[cfg(test)]

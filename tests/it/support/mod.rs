@@ -30,12 +30,7 @@ pub fn registry() -> Registry {
 pub fn sesa(args: &[&str], cwd: &Path) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("the test binary has a path"));
     command
-        .args([
-            "--exact",
-            "child_process_entry",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
         .env(CHILD_ARGS, serde_json::to_string(args).unwrap())
         .env("RUST_LOG", "warn")
         .current_dir(cwd)
@@ -61,11 +56,7 @@ pub fn stdout(output: &Output) -> String {
 
 /// Starts `sesa` in the background, its output discarded.
 pub fn spawn_sesa(args: &[&str], cwd: &Path) -> Child {
-    sesa(args, cwd)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the child process starts")
+    sesa(args, cwd).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the child process starts")
 }
 
 /// Writes `text` to `dir/name` and returns the path.
@@ -77,10 +68,7 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 /// The only run directory under `store`.
 pub fn only_run(store: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(store)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let runs: Vec<PathBuf> = std::fs::read_dir(store).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(runs.len(), 1, "expected one run in {}", store.display());
     runs.into_iter().next().unwrap()
 }
@@ -98,26 +86,11 @@ pub fn read_tables(run: &Path) -> BTreeMap<(String, u64), RecordBatch> {
         for partition in std::fs::read_dir(table.path()).unwrap() {
             let partition = partition.unwrap();
             let partition_name = partition.file_name().to_string_lossy().into_owned();
-            let step: u64 = partition_name
-                .strip_prefix("step=")
-                .unwrap()
-                .parse()
-                .unwrap();
-            let files: Vec<_> = std::fs::read_dir(partition.path())
-                .unwrap()
-                .map(|f| f.unwrap().path())
-                .collect();
-            assert_eq!(
-                files.len(),
-                1,
-                "one part per table and step in {}",
-                partition.path().display()
-            );
+            let step: u64 = partition_name.strip_prefix("step=").unwrap().parse().unwrap();
+            let files: Vec<_> = std::fs::read_dir(partition.path()).unwrap().map(|f| f.unwrap().path()).collect();
+            assert_eq!(files.len(), 1, "one part per table and step in {}", partition.path().display());
             let bytes = bytes::Bytes::from(std::fs::read(&files[0]).unwrap());
-            tables.insert(
-                (name.clone(), step),
-                sesa_engine::table::decode_parquet(bytes).unwrap(),
-            );
+            tables.insert((name.clone(), step), sesa_engine::table::decode_parquet(bytes).unwrap());
         }
     }
     tables

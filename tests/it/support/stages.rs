@@ -11,30 +11,17 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Section, Stage, StageContext, StageError, TableSpec, Tables};
 
 fn schema(columns: &[&str]) -> SchemaRef {
-    Arc::new(Schema::new(
-        columns
-            .iter()
-            .map(|c| Field::new(*c, DataType::UInt64, false))
-            .collect::<Vec<_>>(),
-    ))
+    Arc::new(Schema::new(columns.iter().map(|c| Field::new(*c, DataType::UInt64, false)).collect::<Vec<_>>()))
 }
 
 fn batch(columns: &[&str], values: Vec<Vec<u64>>) -> Result<RecordBatch, StageError> {
-    let arrays = values
-        .into_iter()
-        .map(|v| Arc::new(UInt64Array::from(v)) as Arc<dyn Array>)
-        .collect();
+    let arrays = values.into_iter().map(|v| Arc::new(UInt64Array::from(v)) as Arc<dyn Array>).collect();
     Ok(RecordBatch::try_new(schema(columns), arrays)?)
 }
 
 fn column(batch: &RecordBatch, name: &str) -> Vec<u64> {
     let array = batch.column_by_name(name).expect("declared column");
-    array
-        .as_any()
-        .downcast_ref::<UInt64Array>()
-        .expect("u64 column")
-        .values()
-        .to_vec()
+    array.as_any().downcast_ref::<UInt64Array>().expect("u64 column").values().to_vec()
 }
 
 /// A spec section the test stages read: an upper bound for random values.
@@ -48,11 +35,7 @@ pub struct Limits {
 impl Section for Limits {
     const KEY: &'static str = "limits";
     fn check(&self) -> Vec<ConfigProblem> {
-        if self.max_value == 0 {
-            vec![ConfigProblem::new("max_value", "must be at least 1")]
-        } else {
-            Vec::new()
-        }
+        if self.max_value == 0 { vec![ConfigProblem::new("max_value", "must be at least 1")] } else { Vec::new() }
     }
 }
 
@@ -79,10 +62,7 @@ impl Stage for Numbers {
 
     fn new(config: NumbersConfig) -> Result<Self, Vec<ConfigProblem>> {
         if config.rows == 0 {
-            return Err(vec![ConfigProblem::new(
-                "rows",
-                "must be at least 1, got 0",
-            )]);
+            return Err(vec![ConfigProblem::new("rows", "must be at least 1, got 0")]);
         }
         Ok(Numbers { config })
     }
@@ -146,10 +126,7 @@ impl Stage for Square {
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
-        vec![
-            TableSpec::new("numbers", schema(&["item", "value"])),
-            TableSpec::new("offsets", schema(&["offset"])),
-        ]
+        vec![TableSpec::new("numbers", schema(&["item", "value"])), TableSpec::new("offsets", schema(&["offset"]))]
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -159,14 +136,8 @@ impl Stage for Square {
     async fn run(&self, _cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
         let numbers = inputs.get("numbers")?;
         let offset = column(inputs.get("offsets")?, "offset")[0];
-        let squares = column(numbers, "value")
-            .iter()
-            .map(|v| v * v + offset)
-            .collect();
-        Ok(Tables::new().with(
-            "squares",
-            batch(&["item", "square"], vec![column(numbers, "item"), squares])?,
-        ))
+        let squares = column(numbers, "value").iter().map(|v| v * v + offset).collect();
+        Ok(Tables::new().with("squares", batch(&["item", "square"], vec![column(numbers, "item"), squares])?))
     }
 }
 
@@ -216,9 +187,7 @@ impl Stage for Fail {
     type Config = FailConfig;
 
     fn new(config: FailConfig) -> Result<Self, Vec<ConfigProblem>> {
-        Ok(Fail {
-            at_step: config.at_step,
-        })
+        Ok(Fail { at_step: config.at_step })
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -227,10 +196,7 @@ impl Stage for Fail {
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
         if cx.step() == self.at_step {
-            return Err(StageError::Failed(format!(
-                "told to fail at step {}",
-                self.at_step
-            )));
+            return Err(StageError::Failed(format!("told to fail at step {}", self.at_step)));
         }
         Ok(Tables::new().with("failures", batch(&["step_seen"], vec![vec![cx.step()]])?))
     }

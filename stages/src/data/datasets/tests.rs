@@ -15,24 +15,19 @@ fn flashrag_jsonl_loads_with_string_or_numeric_ids() {
     .unwrap();
     let questions = load_questions(&path).unwrap();
     assert_eq!(questions[0].golden_answers, ["x", "y"]);
-    assert_eq!(
-        (
-            questions[1].id.as_str(),
-            questions[1].golden_answers[0].as_str()
-        ),
-        ("7", "z")
-    );
+    assert_eq!((questions[1].id.as_str(), questions[1].golden_answers[0].as_str()), ("7", "z"));
 }
 
 #[test]
 fn a_malformed_line_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.jsonl");
-    std::fs::write(&path, "{\"id\": \"a\", \"question\": \"Q1?\", \"golden_answers\": [\"x\"]}\n{\"id\": \"b\", \"question\": \"Q2?\"}\n").unwrap();
-    let error = load_questions(&path)
-        .unwrap_err()
-        .to_string()
-        .replace(&dir.path().display().to_string(), "[DIR]");
+    std::fs::write(
+        &path,
+        "{\"id\": \"a\", \"question\": \"Q1?\", \"golden_answers\": [\"x\"]}\n{\"id\": \"b\", \"question\": \"Q2?\"}\n",
+    )
+    .unwrap();
+    let error = load_questions(&path).unwrap_err().to_string().replace(&dir.path().display().to_string(), "[DIR]");
     insta::assert_snapshot!(error, @"[DIR]/q.jsonl:2: expected a FlashRAG question {id, question, golden_answers}: missing field `golden_answers` at line 1 column 30");
 }
 
@@ -45,10 +40,7 @@ fn verl_parquet_imports_targets_and_questions() {
     assert_eq!(questions.len(), 2);
     assert_eq!(questions[0].question, "who wrote the silent harbour?");
     assert_eq!(questions[0].golden_answers, ["Ada Brisk", "A. Brisk"]);
-    assert_eq!(
-        questions[1].question, "what is the capital of veltria?",
-        "taken from the prompt"
-    );
+    assert_eq!(questions[1].question, "what is the capital of veltria?", "taken from the prompt");
     assert_eq!(questions[1].golden_answers, ["Orla"]);
 }
 

@@ -5,21 +5,13 @@ use std::collections::{HashMap, HashSet};
 use super::{World, WorldConfig};
 
 fn world(seed: u64) -> World {
-    World::generate(WorldConfig {
-        seed,
-        entities: 400,
-        questions: 300,
-    })
+    World::generate(WorldConfig { seed, entities: 400, questions: 300 })
 }
 
 #[test]
 fn the_same_seed_gives_the_same_world() {
     let (a, b, c) = (world(1), world(1), world(2));
-    let passages = |w: &World| {
-        w.passages()
-            .map(|(t, p)| format!("{t}|{p}"))
-            .collect::<Vec<_>>()
-    };
+    let passages = |w: &World| w.passages().map(|(t, p)| format!("{t}|{p}")).collect::<Vec<_>>();
     assert_eq!(passages(&a), passages(&b));
     assert_eq!(a.questions(), b.questions());
     assert_ne!(passages(&a), passages(&c));
@@ -44,31 +36,14 @@ fn every_question_is_answerable_from_its_supporting_passages_in_order() {
         assert_eq!(q.supporting_titles.len(), q.hops as usize, "{q:?}");
         assert_eq!(q.golden_answers.len(), 1);
         let answer = &q.golden_answers[0];
-        assert!(
-            q.question.contains(&q.supporting_titles[0]),
-            "the chain starts at a named entity: {q:?}"
-        );
+        assert!(q.question.contains(&q.supporting_titles[0]), "the chain starts at a named entity: {q:?}");
         for pair in q.supporting_titles.windows(2) {
-            assert!(
-                passages[pair[0].as_str()].contains(&pair[1]),
-                "{} leads to {}: {q:?}",
-                pair[0],
-                pair[1]
-            );
+            assert!(passages[pair[0].as_str()].contains(&pair[1]), "{} leads to {}: {q:?}", pair[0], pair[1]);
         }
         let last = &passages[q.supporting_titles.last().unwrap().as_str()];
-        assert!(
-            last.contains(answer.as_str()),
-            "the last passage states the answer: {q:?}"
-        );
-        assert!(
-            !q.supporting_titles.contains(answer),
-            "the answer is not on the chain: {q:?}"
-        );
-        assert!(
-            !q.question.contains(answer.as_str()),
-            "the answer is not in the question: {q:?}"
-        );
+        assert!(last.contains(answer.as_str()), "the last passage states the answer: {q:?}");
+        assert!(!q.supporting_titles.contains(answer), "the answer is not on the chain: {q:?}");
+        assert!(!q.question.contains(answer.as_str()), "the answer is not in the question: {q:?}");
     }
     assert_eq!(hops_seen, HashSet::from([1, 2, 3, 4]));
     let questions: HashSet<&str> = w.questions().iter().map(|q| q.question.as_str()).collect();
@@ -77,27 +52,10 @@ fn every_question_is_answerable_from_its_supporting_passages_in_order() {
 
 #[test]
 fn a_sample_world_reads_like_an_encyclopedia() {
-    let w = World::generate(WorldConfig {
-        seed: 9,
-        entities: 20,
-        questions: 4,
-    });
-    let sample: Vec<String> = w
-        .passages()
-        .skip(8)
-        .take(2)
-        .map(|(t, p)| format!("{t}: {p}"))
-        .collect();
-    let questions: Vec<String> = w
-        .questions()
-        .iter()
-        .map(|q| {
-            format!(
-                "[{} hops] {} -> {}",
-                q.hops, q.question, q.golden_answers[0]
-            )
-        })
-        .collect();
+    let w = World::generate(WorldConfig { seed: 9, entities: 20, questions: 4 });
+    let sample: Vec<String> = w.passages().skip(8).take(2).map(|(t, p)| format!("{t}: {p}")).collect();
+    let questions: Vec<String> =
+        w.questions().iter().map(|q| format!("[{} hops] {} -> {}", q.hops, q.question, q.golden_answers[0])).collect();
     insta::assert_snapshot!(format!("{}\n{}", sample.join("\n"), questions.join("\n")), @"
     Stricol Wenaxdun: Stricol Wenaxdun is a botanist. Stricol Wenaxdun was born in the city of Briris. Stricol Wenaxdun was born in 1874. Stricol Wenaxdun is married to Odax Dunodlu.
     Axor Zelcae: Axor Zelcae is a sailor. Axor Zelcae was born in the city of Briris. Axor Zelcae was born in 1801. Axor Zelcae is married to Stricae Thubribri. Axor Zelcae works for Veod Industries.
@@ -113,24 +71,13 @@ fn files_are_written_in_the_search_r1_and_flashrag_formats() {
     let dir = tempfile::tempdir().unwrap();
     let files = world(5).write(dir.path()).unwrap();
     assert_eq!((files.passages, files.questions), (400, 300));
-    let corpus: Vec<_> = crate::search::CorpusReader::open(&dir.path().join("corpus.jsonl"))
-        .unwrap()
-        .collect();
+    let corpus: Vec<_> = crate::search::CorpusReader::open(&dir.path().join("corpus.jsonl")).unwrap().collect();
     assert_eq!(corpus.len(), 400);
     assert!(corpus.iter().all(Result::is_ok));
-    let questions =
-        crate::data::datasets::load_questions(&dir.path().join("questions.jsonl")).unwrap();
+    let questions = crate::data::datasets::load_questions(&dir.path().join("questions.jsonl")).unwrap();
     assert_eq!(questions.len(), 300);
-    assert!(
-        questions
-            .iter()
-            .all(|q| q.hops.is_some() && !q.supporting_titles.is_empty())
-    );
+    assert!(questions.iter().all(|q| q.hops.is_some() && !q.supporting_titles.is_empty()));
     let targets = std::fs::read_to_string(dir.path().join("targets.jsonl")).unwrap();
     assert_eq!(targets.lines().count(), files.targets);
-    assert!(
-        targets
-            .lines()
-            .all(|l| l.contains("\"answer\"") && l.contains("\"hops\""))
-    );
+    assert!(targets.lines().all(|l| l.contains("\"answer\"") && l.contains("\"hops\"")));
 }

@@ -31,18 +31,12 @@ fn index() -> (tempfile::TempDir, Bm25Index) {
 #[test]
 fn finds_the_relevant_passage_first() {
     let (_dir, index) = index();
-    let hits = index
-        .search_one("What is the capital of France?", 3)
-        .unwrap();
+    let hits = index.search_one("What is the capital of France?", 3).unwrap();
     let ids: Vec<&str> = hits.iter().map(|h| h.doc.id.as_str()).collect();
     assert_eq!(ids[0], "1");
     assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
     assert_eq!(hits[0].doc.title, "Paris");
-    assert_eq!(
-        index.search_one("fruits", 1).unwrap()[0].doc.id,
-        "4",
-        "stemming matches plural forms"
-    );
+    assert_eq!(index.search_one("fruits", 1).unwrap()[0].doc.id, "4", "stemming matches plural forms");
 }
 
 #[test]
@@ -66,16 +60,9 @@ fn untrusted_queries_never_fail() {
         let hits = index.search_one(query, 3).unwrap();
         assert!(hits.len() <= 3, "{query:?}");
     }
-    assert!(
-        index.search_one("the of a an", 3).unwrap().is_empty(),
-        "only stopwords: no hits"
-    );
+    assert!(index.search_one("the of a an", 3).unwrap().is_empty(), "only stopwords: no hits");
     assert!(index.search_one("", 3).unwrap().is_empty());
-    assert_eq!(
-        index.search_one("title:paris", 1).unwrap()[0].doc.id,
-        "1",
-        "no field syntax: just words"
-    );
+    assert_eq!(index.search_one("title:paris", 1).unwrap()[0].doc.id, "1", "no field syntax: just words");
     assert_eq!(index.search_one(&huge, 1).unwrap()[0].doc.id, "4");
 }
 
@@ -83,12 +70,8 @@ fn untrusted_queries_never_fail() {
 async fn batches_keep_query_order_through_the_trait() {
     let (_dir, index) = index();
     let index = Arc::new(index);
-    let queries: Vec<String> = ["bananas tropics", "capital germany", "rhone"]
-        .iter()
-        .cycle()
-        .take(30)
-        .map(|s| s.to_string())
-        .collect();
+    let queries: Vec<String> =
+        ["bananas tropics", "capital germany", "rhone"].iter().cycle().take(30).map(|s| s.to_string()).collect();
     let results = index.search(&queries, 2).await.unwrap();
     assert_eq!(results.len(), 30);
     for (query, hits) in queries.iter().zip(&results) {
@@ -114,21 +97,14 @@ async fn batches_keep_query_order_through_the_trait() {
 #[test]
 fn opening_a_missing_index_says_how_to_build_one() {
     let dir = tempfile::tempdir().unwrap();
-    let error = Bm25Index::open(&dir.path().join("nope"))
-        .unwrap_err()
-        .to_string();
+    let error = Bm25Index::open(&dir.path().join("nope")).unwrap_err().to_string();
     assert!(error.contains("sesa index build"), "{error}");
 }
 
 #[test]
 fn building_into_a_non_empty_directory_is_refused() {
     let (dir, _index) = index();
-    let error = Bm25Index::build(
-        &dir.path().join("corpus.jsonl"),
-        &dir.path().join("index"),
-        |_| {},
-    )
-    .unwrap_err();
+    let error = Bm25Index::build(&dir.path().join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap_err();
     assert!(error.to_string().contains("not empty"), "{error}");
 }
 
@@ -143,12 +119,7 @@ fn hotpotqa_supporting_title_recall_stays_above_its_floor() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    Bm25Index::build(
-        &data.join("corpus.jsonl"),
-        &dir.path().join("index"),
-        |_| {},
-    )
-    .unwrap();
+    Bm25Index::build(&data.join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
     let index = Bm25Index::open(&dir.path().join("index")).unwrap();
     let questions = crate::data::datasets::load_questions(&data.join("questions.jsonl")).unwrap();
     let queries: Vec<String> = questions.iter().map(|q| q.question.clone()).collect();
@@ -158,21 +129,15 @@ fn hotpotqa_supporting_title_recall_stays_above_its_floor() {
             .iter()
             .zip(&results)
             .map(|(q, hits)| {
-                let found = q
-                    .supporting_titles
-                    .iter()
-                    .filter(|t| hits.iter().take(k).any(|h| &&h.doc.title == t))
-                    .count();
+                let found =
+                    q.supporting_titles.iter().filter(|t| hits.iter().take(k).any(|h| &&h.doc.title == t)).count();
                 found as f64 / q.supporting_titles.len().max(1) as f64
             })
             .sum();
         total / questions.len() as f64
     };
     let (at3, at10) = (recall(3), recall(10));
-    eprintln!(
-        "HotpotQA supporting-title recall: @3 = {at3:.4}, @10 = {at10:.4} ({} questions)",
-        questions.len()
-    );
+    eprintln!("HotpotQA supporting-title recall: @3 = {at3:.4}, @10 = {at10:.4} ({} questions)", questions.len());
     // Measured: @3 = 0.6505, @10 = 0.8591.
     assert!(at3 >= 0.63, "recall@3 fell to {at3:.4}");
     assert!(at10 >= 0.84, "recall@10 fell to {at10:.4}");
@@ -188,12 +153,7 @@ fn bamboogle_answer_recall_stays_above_its_floor() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    Bm25Index::build(
-        &data.join("corpus.jsonl"),
-        &dir.path().join("index"),
-        |_| {},
-    )
-    .unwrap();
+    Bm25Index::build(&data.join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
     let index = Bm25Index::open(&dir.path().join("index")).unwrap();
     let questions = crate::data::datasets::load_questions(&data.join("questions.jsonl")).unwrap();
     let queries: Vec<String> = questions.iter().map(|q| q.question.clone()).collect();
@@ -206,19 +166,14 @@ fn bamboogle_answer_recall_stays_above_its_floor() {
             .filter(|(q, hits)| {
                 hits.iter().take(k).any(|h| {
                     let text = normalize(&format!("{} {}", h.doc.title, h.doc.text));
-                    q.golden_answers
-                        .iter()
-                        .any(|a| text.contains(&normalize(a)))
+                    q.golden_answers.iter().any(|a| text.contains(&normalize(a)))
                 })
             })
             .count();
         hits as f64 / questions.len() as f64
     };
     let (at3, at10) = (recall(3), recall(10));
-    eprintln!(
-        "Bamboogle answer recall: @3 = {at3:.4}, @10 = {at10:.4} ({} questions)",
-        questions.len()
-    );
+    eprintln!("Bamboogle answer recall: @3 = {at3:.4}, @10 = {at10:.4} ({} questions)", questions.len());
     // Measured: @3 = 0.184, @10 = 0.328.
     assert!(at3 >= 0.16, "answer recall@3 fell to {at3:.4}");
     assert!(at10 >= 0.30, "answer recall@10 fell to {at10:.4}");

@@ -5,14 +5,7 @@ use std::sync::Arc;
 use super::{ServerLimits, serve};
 use crate::search::{Bm25Index, RetrieverClient, RetrieverConfig, Search};
 
-async fn start(
-    limits: ServerLimits,
-) -> (
-    tempfile::TempDir,
-    Arc<Bm25Index>,
-    String,
-    tokio::sync::oneshot::Sender<()>,
-) {
+async fn start(limits: ServerLimits) -> (tempfile::TempDir, Arc<Bm25Index>, String, tokio::sync::oneshot::Sender<()>) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus.jsonl");
     let lines: Vec<String> = (0..50)
@@ -42,10 +35,7 @@ async fn the_client_gets_what_the_index_gives() {
     assert_eq!(remote[1][0].doc.title, "Town 42");
     assert!(remote[2].is_empty());
     let ids = |results: &Vec<Vec<crate::search::Hit>>| -> Vec<Vec<String>> {
-        results
-            .iter()
-            .map(|hits| hits.iter().map(|h| h.doc.id.clone()).collect())
-            .collect()
+        results.iter().map(|hits| hits.iter().map(|h| h.doc.id.clone()).collect()).collect()
     };
     assert_eq!(ids(&remote), ids(&local));
     assert_eq!(remote[0][0].doc, local[0][0].doc);
@@ -53,25 +43,13 @@ async fn the_client_gets_what_the_index_gives() {
 
 #[tokio::test]
 async fn requests_over_the_limits_are_refused_with_a_reason() {
-    let limits = ServerLimits {
-        max_queries: 2,
-        max_topk: 5,
-        ..ServerLimits::default()
-    };
+    let limits = ServerLimits { max_queries: 2, max_topk: 5, ..ServerLimits::default() };
     let (_dir, _index, url, _stop) = start(limits).await;
-    let client = RetrieverClient::new(RetrieverConfig {
-        retries: 0,
-        ..RetrieverConfig::new(url.clone())
-    })
-    .unwrap();
+    let client = RetrieverClient::new(RetrieverConfig { retries: 0, ..RetrieverConfig::new(url.clone()) }).unwrap();
     let three: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
     let error = client.search(&three, 3).await.unwrap_err().to_string();
     assert!(error.contains("3 queries; at most 2"), "{error}");
-    let error = client
-        .search(&three[..1], 50)
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = client.search(&three[..1], 50).await.unwrap_err().to_string();
     assert!(error.contains("topk 50; at most 5"), "{error}");
     let raw = reqwest::Client::new()
         .post(&url)
@@ -81,12 +59,7 @@ async fn requests_over_the_limits_are_refused_with_a_reason() {
         .await
         .unwrap();
     assert_eq!(raw.status(), 400);
-    let status = reqwest::get(url.replace("/retrieve", "/status"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let status = reqwest::get(url.replace("/retrieve", "/status")).await.unwrap().text().await.unwrap();
     assert_eq!(status, "\"ok\"");
 }
 
@@ -95,20 +68,8 @@ async fn an_unreachable_retriever_is_named_after_bounded_retries() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/retrieve", listener.local_addr().unwrap());
     drop(listener);
-    let config = RetrieverConfig {
-        retries: 2,
-        backoff_ms: 10,
-        ..RetrieverConfig::new(url.clone())
-    };
-    let error = RetrieverClient::new(config)
-        .unwrap()
-        .search(&["x".to_string()], 3)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.starts_with(&format!("retriever `{url}`: unreachable")),
-        "{error}"
-    );
+    let config = RetrieverConfig { retries: 2, backoff_ms: 10, ..RetrieverConfig::new(url.clone()) };
+    let error = RetrieverClient::new(config).unwrap().search(&["x".to_string()], 3).await.unwrap_err().to_string();
+    assert!(error.starts_with(&format!("retriever `{url}`: unreachable")), "{error}");
     assert!(error.contains("after 3 attempts"), "{error}");
 }

@@ -1,0 +1,69 @@
+//! The `search:` section of a spec: which backend the agents search with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Section};
+
+use super::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
+
+/// The agents' search tool, as a spec configures it.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Passages returned per query (SSP: 3).
+    #[serde(default = "default_top_k")]
+    pub top_k: usize,
+    /// The backend.
+    pub backend: Backend,
+}
+
+fn default_top_k() -> usize {
+    3
+}
+
+/// Where the passages come from.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Backend {
+    /// A local BM25 index directory, built by `sesa index build`.
+    Bm25 {
+        /// The index directory.
+        index: PathBuf,
+    },
+    /// A Search-R1 retriever server.
+    Retriever(RetrieverConfig),
+}
+
+impl Section for SearchConfig {
+    const KEY: &'static str = "search";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        if !(1..=100).contains(&self.top_k) {
+            problems.push(ConfigProblem::new("top_k", format!("must be between 1 and 100, got {}", self.top_k)));
+        }
+        if let Backend::Retriever(retriever) = &self.backend {
+            if !retriever.url.starts_with("http://") && !retriever.url.starts_with("https://") {
+                problems.push(ConfigProblem::new("backend.url", "must be an http:// or https:// URL"));
+            }
+            if retriever.timeout_secs <= 0.0 {
+                problems.push(ConfigProblem::new("backend.timeout_secs", "must be positive"));
+            }
+        }
+        problems
+    }
+}
+
+impl SearchConfig {
+    /// Opens the backend. The index is opened (not built): a missing index is an error that
+    /// says how to build it.
+    pub fn open(&self) -> Result<Arc<dyn Search>, SearchError> {
+        Ok(match &self.backend {
+            Backend::Bm25 { index } => Arc::new(Arc::new(Bm25Index::open(index)?)),
+            Backend::Retriever(config) => Arc::new(RetrieverClient::new(config.clone())?),
+        })
+    }
+}
