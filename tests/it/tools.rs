@@ -14,7 +14,7 @@ fn generate_index_and_query_a_world() {
         dir.path(),
     );
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    insta::assert_snapshot!(stdout(&output), @"world: 200 passages (corpus.jsonl), 50 questions (questions.jsonl), 45 targets (targets.jsonl)");
+    insta::assert_snapshot!(stdout(&output), @"world: 200 passages (corpus.jsonl), 50 questions (questions.jsonl), 46 targets (targets.jsonl)");
     let output = run_sesa(&["index", "build", "world/corpus.jsonl", "--out", "index"], dir.path());
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout(&output).starts_with("index: 200 passages indexed in"), "{}", stdout(&output));

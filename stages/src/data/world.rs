@@ -8,7 +8,7 @@
 //! recoverable by reading the passages of the `n` entities on the chain, in order. Everything
 //! derives from the seed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -195,17 +195,26 @@ impl World {
     pub fn generate(config: WorldConfig) -> World {
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let n = config.entities.max(20);
-        let countries = (n * 3 / 100).max(3);
+        let countries = (n * 3 / 100).clamp(3, 250);
         let cities = (n * 15 / 100).max(5);
         let organisations = (n * 17 / 100).max(3);
         let works = (n * 15 / 100).max(3);
         let people = n - countries - cities - organisations - works;
         let mut names = HashSet::new();
-        let mut unique = |rng: &mut ChaCha8Rng, make: &dyn Fn(&mut ChaCha8Rng) -> String| loop {
-            let name = make(rng);
-            if names.insert(name.clone()) {
-                return name;
+        // Name spaces are large for every kind; after many collisions in a row a number makes
+        // the name unique, so generation always ends, even for millions of entities.
+        let mut unique = |rng: &mut ChaCha8Rng, make: &dyn Fn(&mut ChaCha8Rng) -> String| {
+            for _ in 0..64 {
+                let name = make(rng);
+                if names.insert(name.clone()) {
+                    return name;
+                }
             }
+            let base = make(rng);
+            (2..)
+                .map(|n| format!("{base} {n}"))
+                .find(|name| names.insert(name.clone()))
+                .expect("an unused number exists")
         };
         let mut entities = Vec::with_capacity(n);
         let country_start = entities.len();
@@ -215,7 +224,7 @@ impl World {
         }
         let city_start = entities.len();
         for _ in 0..cities {
-            let name = unique(&mut rng, &|r| word(r, 2..4));
+            let name = unique(&mut rng, &|r| word(r, 2..5));
             let country = rng.random_range(country_start..city_start);
             let role = *CITY_ROLES.choose(&mut rng).expect("non-empty");
             entities.push(Entity { kind: Kind::City, name, facts: vec![(CountryOf, Object::Entity(country))], role });
@@ -254,7 +263,7 @@ impl World {
         let org_start = entities.len();
         for _ in 0..organisations {
             let (suffix, role) = *ORG_SUFFIXES.choose(&mut rng).expect("non-empty");
-            let name = unique(&mut rng, &|r| format!("{} {suffix}", word(r, 2..3)));
+            let name = unique(&mut rng, &|r| format!("{} {suffix}", word(r, 2..5)));
             let founder = rng.random_range(person_start..person_end);
             let city = rng.random_range(city_start..person_start);
             let founder_year = match entities[founder].get(BirthYear) {
@@ -279,7 +288,7 @@ impl World {
             let name = unique(&mut rng, &|r| {
                 let adjective = WORK_ADJECTIVES.choose(r).expect("non-empty");
                 let noun = WORK_NOUNS.choose(r).expect("non-empty");
-                format!("The {adjective} {noun} of {}", word(r, 2..3))
+                format!("The {adjective} {noun} of {}", word(r, 2..5))
             });
             let author = rng.random_range(person_start..person_end);
             let born = match entities[author].get(BirthYear) {
@@ -373,7 +382,10 @@ impl World {
         };
         let mut sentences = vec![match entity.kind {
             Kind::Country => format!("{} is a country.", entity.name),
-            _ => format!("{} is a {}.", entity.name, entity.role),
+            _ => {
+                let article = if entity.role.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+                format!("{} is {article} {}.", entity.name, entity.role)
+            }
         }];
         for (relation, object) in &entity.facts {
             let object = name(*object);
@@ -407,6 +419,7 @@ impl World {
 
     /// One target per distinct (answer, hops) of the questions.
     pub fn targets(&self) -> Vec<Target> {
+        let kinds: HashMap<&str, Kind> = self.entities.iter().map(|e| (e.name.as_str(), e.kind)).collect();
         let mut seen = HashSet::new();
         let mut targets = Vec::new();
         for question in &self.questions {
@@ -414,7 +427,7 @@ impl World {
             if !seen.insert((answer.clone(), question.hops)) {
                 continue;
             }
-            let answer_type = match self.entities.iter().find(|e| e.name == answer).map(|e| e.kind) {
+            let answer_type = match kinds.get(answer.as_str()) {
                 Some(Kind::Person) => "person",
                 Some(Kind::City) => "city",
                 Some(Kind::Country) => "country",

@@ -83,7 +83,9 @@ impl Bm25Index {
     pub fn build(corpus: &Path, out: &Path, progress: impl FnMut(u64)) -> Result<IndexStats, SearchError> {
         let index_error = |message: String| SearchError::Index { path: out.display().to_string(), message };
         if out.exists() && std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
-            return Err(index_error("the output directory exists and is not empty; remove it or choose another".into()));
+            return Err(index_error(
+                "the output directory exists and is not empty; remove it or choose another".into(),
+            ));
         }
         // Build beside the target and move it into place at the end, so that a failed or
         // interrupted build never leaves something that looks like an index.
@@ -112,8 +114,9 @@ impl Bm25Index {
         let index = Index::create_in_dir(out, schema).map_err(|e| e.to_string())?;
         index.tokenizers().register(ANALYZER, analyzer());
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
-        let mut writer =
-            index.writer_with_num_threads::<TantivyDocument>(threads, threads * 100_000_000).map_err(|e| e.to_string())?;
+        let mut writer = index
+            .writer_with_num_threads::<TantivyDocument>(threads, threads * 100_000_000)
+            .map_err(|e| e.to_string())?;
         let mut passages = 0u64;
         while let Some(passage) = reader.next() {
             let passage = passage.map_err(|e| e.to_string())?;

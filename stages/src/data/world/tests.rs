@@ -57,12 +57,12 @@ fn a_sample_world_reads_like_an_encyclopedia() {
     let questions: Vec<String> =
         w.questions().iter().map(|q| format!("[{} hops] {} -> {}", q.hops, q.question, q.golden_answers[0])).collect();
     insta::assert_snapshot!(format!("{}\n{}", sample.join("\n"), questions.join("\n")), @"
-    Stricol Wenaxdun: Stricol Wenaxdun is a botanist. Stricol Wenaxdun was born in the city of Briris. Stricol Wenaxdun was born in 1874. Stricol Wenaxdun is married to Odax Dunodlu.
-    Axor Zelcae: Axor Zelcae is a sailor. Axor Zelcae was born in the city of Briris. Axor Zelcae was born in 1801. Axor Zelcae is married to Stricae Thubribri. Axor Zelcae works for Veod Industries.
+    Wenax Fenod: Wenax Fenod is an architect. Wenax Fenod was born in the city of Praenfen. Wenax Fenod was born in 1890.
+    Zelzel Luquoish: Zelzel Luquoish is a historian. Zelzel Luquoish was born in the city of Thuvagar. Zelzel Luquoish was born in 1878. Zelzel Luquoish is married to Odlu Strisa.
+    [1 hops] Who founded Dunnymerquo Shipping Company? -> Bribel Zeldunris
     [1 hops] In which country is Colcaebel? -> Colgarsaia
-    [1 hops] Who founded Veod Industries? -> Enax Bribelgar
-    [1 hops] In which year was Enax Bribelgar born? -> 1814
-    [1 hops] In which country is Ishpra? -> Thufenquoia
+    [1 hops] In which year was Bribel Zeldunris born? -> 1853
+    [4 hops] In which country is the city where the founder of the employer of Odlu Strisa was born? -> Micaeodia
     ");
 }
 

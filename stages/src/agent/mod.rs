@@ -1,0 +1,301 @@
+//! The agent loop, in one place for the proposer, the solver and evaluation.
+//!
+//! Search-R1 / SSP protocol: the model thinks, writes `<search>q</search>`, the loop searches and
+//! appends `<information>…</information>`, and the model continues, until it writes its final
+//! tag (`<answer>` for the solver, `<question>` for the proposer), breaks the protocol, or runs
+//! out of turns, tokens or context. Episodes of a batch advance turn by turn together, so each
+//! turn is one batched generation and one batched search.
+
+mod prompt;
+mod tags;
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use self::prompt::{
+    JUDGE_PROMPT, PROPOSER_PROMPT, PromptError, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
+};
+pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
+use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Sampling};
+use crate::search::{Search, SearchError, format_results};
+
+/// Budgets of one episode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimits {
+    /// Generation turns at most (SSP: 10); a search asked for on the last turn is not run.
+    pub max_turns: usize,
+    /// New tokens per turn at most.
+    pub max_turn_tokens: usize,
+    /// Generated tokens per episode at most (retrieved text not counted).
+    pub max_total_tokens: usize,
+    /// Context length (prompt, generated and retrieved) at which the episode stops.
+    pub context_limit: usize,
+}
+
+impl Default for AgentLimits {
+    fn default() -> Self {
+        AgentLimits { max_turns: 10, max_turn_tokens: 512, max_total_tokens: 4096, context_limit: 8192 }
+    }
+}
+
+/// One episode to run: a rendered prompt and its seed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Episode {
+    /// The prompt, chat template applied, ending where the assistant starts.
+    pub prompt: String,
+    /// The episode's seed; turn seeds derive from it.
+    pub seed: u64,
+}
+
+/// How an episode ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "detail")]
+pub enum Outcome {
+    /// The final tag: the answer (solver) or the question (proposer).
+    Final(String),
+    /// The model broke the protocol.
+    FormatError(FormatError),
+    /// `max_turns` turns without a final tag.
+    TurnLimit,
+    /// `max_total_tokens` generated without a final tag.
+    TokenBudget,
+    /// The context reached `context_limit`.
+    ContextLimit,
+}
+
+/// One generation turn of an episode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Turn {
+    /// The generated text.
+    pub text: String,
+    /// Tokens generated.
+    pub tokens: usize,
+    /// Why generation stopped.
+    pub finish: FinishReason,
+    /// The search query, if the turn asked for one (and it ran).
+    pub query: Option<String>,
+    /// Ids of the retrieved passages.
+    pub retrieved_ids: Vec<String>,
+    /// Wall time of the (batched) generation, in milliseconds.
+    pub generation_ms: u64,
+    /// Wall time of the (batched) search, in milliseconds.
+    pub search_ms: u64,
+}
+
+/// Everything an episode did, ready for tables and training.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Trajectory {
+    /// Who generated.
+    pub role: Role,
+    /// The prompt.
+    pub prompt: String,
+    /// Everything after the prompt: generated turns and `<information>` blocks.
+    pub response: String,
+    /// The turns.
+    pub turns: Vec<Turn>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Token ids of `response` (generated and retrieved), when the policy gives ids.
+    pub token_ids: Vec<u32>,
+    /// 1 for generated tokens, 0 for retrieved ones: what training may learn from.
+    pub loss_mask: Vec<u8>,
+    /// Natural-log probability per token of `token_ids` (0 for retrieved tokens).
+    pub logprobs: Vec<f32>,
+    /// Whether `token_ids`, `loss_mask` and `logprobs` are exact; false when the policy
+    /// backend cannot give token ids or log-probs (e.g. some OpenAI-compatible servers).
+    pub tokens_exact: bool,
+    /// Tokens of the prompt, when known.
+    pub prompt_tokens: Option<usize>,
+}
+
+impl Trajectory {
+    /// The search queries, in order.
+    pub fn queries(&self) -> Vec<&str> {
+        self.turns.iter().filter_map(|t| t.query.as_deref()).collect()
+    }
+
+    /// Tokens the policy generated.
+    pub fn generated_tokens(&self) -> usize {
+        self.turns.iter().map(|t| t.tokens).sum()
+    }
+}
+
+/// Why the loop itself failed (a backend failure, not a model mistake).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The policy failed.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The search backend failed.
+    #[error(transparent)]
+    Search(#[from] SearchError),
+}
+
+/// What the loop needs besides the episodes.
+pub struct AgentRun<'a> {
+    /// Who is generating.
+    pub role: Role,
+    /// The model.
+    pub policy: &'a dyn Policy,
+    /// The search tool.
+    pub search: &'a dyn Search,
+    /// Passages per search.
+    pub top_k: usize,
+    /// Budgets.
+    pub limits: AgentLimits,
+    /// Sampling parameters.
+    pub sampling: Sampling,
+}
+
+struct Live {
+    trajectory: Trajectory,
+    prompt_ids: Option<Vec<u32>>,
+    seed: u64,
+    done: bool,
+}
+
+/// The seed of turn `turn` of an episode seeded `seed`.
+fn turn_seed(seed: u64, turn: usize) -> u64 {
+    seed ^ (turn as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+impl AgentRun<'_> {
+    /// Runs every episode to its end. Results are in episode order.
+    pub async fn run(&self, episodes: &[Episode]) -> Result<Vec<Trajectory>, AgentError> {
+        let mut live = Vec::with_capacity(episodes.len());
+        for episode in episodes {
+            let prompt_ids = self.policy.tokenize(&episode.prompt).await?;
+            live.push(Live {
+                trajectory: Trajectory {
+                    role: self.role,
+                    prompt: episode.prompt.clone(),
+                    response: String::new(),
+                    turns: Vec::new(),
+                    outcome: Outcome::TurnLimit,
+                    token_ids: Vec::new(),
+                    loss_mask: Vec::new(),
+                    logprobs: Vec::new(),
+                    tokens_exact: prompt_ids.is_some(),
+                    prompt_tokens: prompt_ids.as_ref().map(Vec::len),
+                },
+                prompt_ids,
+                seed: episode.seed,
+                done: false,
+            });
+        }
+        for turn in 0..self.limits.max_turns {
+            let active: Vec<usize> = (0..live.len()).filter(|&i| !live[i].done).collect();
+            if active.is_empty() {
+                break;
+            }
+            let requests: Vec<GenerationRequest> = active.iter().map(|&i| self.request(&live[i], turn)).collect();
+            let clock = Instant::now();
+            let generations = self.policy.generate(&requests).await?;
+            let generation_ms = clock.elapsed().as_millis() as u64;
+            let mut searches: Vec<(usize, String)> = Vec::new();
+            for (&index, generation) in active.iter().zip(generations) {
+                let episode = &mut live[index];
+                let tokens =
+                    generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
+                let trajectory = &mut episode.trajectory;
+                trajectory.response.push_str(&generation.text);
+                match (&generation.token_ids, &generation.logprobs) {
+                    (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
+                        trajectory.token_ids.extend(ids);
+                        trajectory.logprobs.extend(logprobs);
+                        trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+                    }
+                    _ => trajectory.tokens_exact = false,
+                }
+                trajectory.turns.push(Turn {
+                    text: generation.text.clone(),
+                    tokens,
+                    finish: generation.finish,
+                    query: None,
+                    retrieved_ids: Vec::new(),
+                    generation_ms,
+                    search_ms: 0,
+                });
+                let action = parse_turn(self.role, &generation.text);
+                let last_turn = turn + 1 == self.limits.max_turns;
+                let outcome = match action {
+                    TurnAction::Final(text) => Some(Outcome::Final(text)),
+                    TurnAction::Malformed(error) => Some(match generation.finish {
+                        FinishReason::Length if trajectory.generated_tokens() >= self.limits.max_total_tokens => {
+                            Outcome::TokenBudget
+                        }
+                        _ => Outcome::FormatError(error),
+                    }),
+                    TurnAction::Search(_) if last_turn => Some(Outcome::TurnLimit),
+                    TurnAction::Search(query) => {
+                        searches.push((index, query));
+                        None
+                    }
+                };
+                if let Some(outcome) = outcome {
+                    trajectory.outcome = outcome;
+                    episode.done = true;
+                }
+            }
+            if searches.is_empty() {
+                continue;
+            }
+            let queries: Vec<String> = searches.iter().map(|(_, q)| q.clone()).collect();
+            let clock = Instant::now();
+            let results = self.search.search(&queries, self.top_k).await?;
+            let search_ms = clock.elapsed().as_millis() as u64;
+            for ((index, query), hits) in searches.into_iter().zip(results) {
+                let block = information_block(&format_results(std::slice::from_ref(&hits)));
+                let block_ids =
+                    if live[index].trajectory.tokens_exact { self.policy.tokenize(&block).await? } else { None };
+                let episode = &mut live[index];
+                let trajectory = &mut episode.trajectory;
+                let turn_record = trajectory.turns.last_mut().expect("this turn was recorded");
+                turn_record.query = Some(query);
+                turn_record.retrieved_ids = hits.iter().map(|h| h.doc.id.clone()).collect();
+                turn_record.search_ms = search_ms;
+                trajectory.response.push_str(&block);
+                match block_ids {
+                    Some(ids) => {
+                        trajectory.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
+                        trajectory.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+                        trajectory.token_ids.extend(ids);
+                    }
+                    None => trajectory.tokens_exact = false,
+                }
+                let context =
+                    trajectory.prompt_tokens.unwrap_or(trajectory.prompt.len() / 4) + trajectory.token_ids.len();
+                if trajectory.generated_tokens() >= self.limits.max_total_tokens {
+                    trajectory.outcome = Outcome::TokenBudget;
+                    episode.done = true;
+                } else if context >= self.limits.context_limit {
+                    trajectory.outcome = Outcome::ContextLimit;
+                    episode.done = true;
+                }
+            }
+        }
+        Ok(live.into_iter().map(|episode| episode.trajectory).collect())
+    }
+
+    fn request(&self, episode: &Live, turn: usize) -> GenerationRequest {
+        let trajectory = &episode.trajectory;
+        let remaining = self.limits.max_total_tokens.saturating_sub(trajectory.generated_tokens());
+        GenerationRequest {
+            context: format!("{}{}", trajectory.prompt, trajectory.response),
+            context_ids: match (&episode.prompt_ids, trajectory.tokens_exact) {
+                (Some(prompt), true) => Some(prompt.iter().chain(&trajectory.token_ids).copied().collect()),
+                _ => None,
+            },
+            max_tokens: self.limits.max_turn_tokens.min(remaining).max(1),
+            stop: self.role.stop_strings(),
+            sampling: self.sampling,
+            seed: turn_seed(episode.seed, turn),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

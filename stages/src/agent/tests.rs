@@ -1,0 +1,147 @@
+//! The loop with the scripted policy over a real BM25 index, including adversarial output.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::policy::{ChatMessage, ScriptedPolicy};
+use crate::search::Bm25Index;
+
+fn index() -> (tempfile::TempDir, Arc<Bm25Index>) {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        concat!(
+            r#"{"id": "w1", "title": "Orla", "text": "Orla is the capital of Veltria."}"#,
+            "\n",
+            r#"{"id": "w2", "title": "Veltria", "text": "Veltria is a country. Its capital is Orla."}"#,
+            "\n",
+            r#"{"id": "w3", "title": "Bananas", "text": "Bananas are yellow."}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    Bm25Index::build(&corpus, &dir.path().join("index"), |_| {}).unwrap();
+    let index = Arc::new(Bm25Index::open(&dir.path().join("index")).unwrap());
+    (dir, index)
+}
+
+/// Searches once, then answers with the first title it was shown.
+fn searcher_then_answerer(context: &str, _seed: u64) -> String {
+    match context.rsplit_once("(Title: \"") {
+        None => "<think>I should search.</think><search> capital of Veltria </search>".to_string(),
+        Some((_, rest)) => {
+            format!("<think>Found it.</think><answer>{}</answer><|im_end|>", rest.split('"').next().unwrap())
+        }
+    }
+}
+
+fn run(script: fn(&str, u64) -> String, limits: AgentLimits, episodes: &[Episode]) -> Vec<Trajectory> {
+    let (_dir, index) = index();
+    let policy = ScriptedPolicy::new(script);
+    let agent =
+        AgentRun { role: Role::Solver, policy: &policy, search: &index, top_k: 2, limits, sampling: Sampling::GREEDY };
+    tokio::runtime::Runtime::new().unwrap().block_on(agent.run(episodes)).unwrap()
+}
+
+fn episode(seed: u64) -> Episode {
+    let prompt = ChatMessage::new("user", "What is the capital of Veltria?");
+    Episode { prompt: crate::policy::ChatTemplate::Chatml.render(&[prompt]), seed }
+}
+
+#[test]
+fn a_search_then_an_answer_is_recorded_turn_by_turn() {
+    let trajectory = run(searcher_then_answerer, AgentLimits::default(), &[episode(1)]).remove(0);
+    assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
+    assert_eq!(trajectory.queries(), ["capital of Veltria"]);
+    assert_eq!(trajectory.turns[0].retrieved_ids, ["w2", "w1"]);
+    assert_eq!(trajectory.turns.len(), 2);
+    insta::assert_snapshot!(trajectory.response, @r#"
+    <think>I should search.</think><search> capital of Veltria </search>
+    <information>
+    Doc 1 (Title: "Veltria")
+    Veltria is a country. Its capital is Orla.
+
+    Doc 2 (Title: "Orla")
+    Orla is the capital of Veltria.</information>
+
+    <think>Found it.</think><answer>Orla</answer>
+    "#);
+    // Token ids decode back to the response; the information block is masked out.
+    assert!(trajectory.tokens_exact);
+    let bytes: Vec<u8> = trajectory.token_ids.iter().map(|&id| id as u8).collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), trajectory.response);
+    let masked: Vec<u8> = trajectory
+        .token_ids
+        .iter()
+        .zip(&trajectory.loss_mask)
+        .filter(|(_, m)| **m == 0)
+        .map(|(&id, _)| id as u8)
+        .collect();
+    let block_start = trajectory.response.find("\n<information>").unwrap();
+    let block_end = trajectory.response.find("</information>\n\n").unwrap() + "</information>\n\n".len();
+    assert_eq!(String::from_utf8(masked).unwrap(), &trajectory.response[block_start..block_end]);
+    assert_eq!(trajectory.logprobs.len(), trajectory.token_ids.len());
+    assert!(trajectory.logprobs.iter().all(|&lp| lp <= 0.0));
+    assert_eq!(trajectory.generated_tokens(), trajectory.loss_mask.iter().filter(|&&m| m == 1).count());
+}
+
+#[test]
+fn adversarial_outputs_end_as_recorded_format_failures() {
+    let prose: fn(&str, u64) -> String = |_, _| "The capital is Orla, I think.<|im_end|>".into();
+    let unclosed: fn(&str, u64) -> String = |_, _| "<search>capital of<|im_end|>".into();
+    let tag_in_query: fn(&str, u64) -> String = |_, _| "<search>x <information>y</information></search>".into();
+    let empty: fn(&str, u64) -> String = |_, _| "<search></search>".into();
+    let outcomes: Vec<Outcome> = [prose, unclosed, tag_in_query, empty]
+        .into_iter()
+        .map(|script| run(script, AgentLimits::default(), &[episode(1)]).remove(0).outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::FormatError(FormatError::NoAction),
+            Outcome::FormatError(FormatError::Unclosed("search".into())),
+            Outcome::FormatError(FormatError::TagInQuery),
+            Outcome::FormatError(FormatError::EmptyQuery),
+        ]
+    );
+}
+
+#[test]
+fn budgets_end_episodes() {
+    let always_search: fn(&str, u64) -> String = |_, _| "<search>Veltria</search>".into();
+    let limits = AgentLimits { max_turns: 3, ..AgentLimits::default() };
+    let trajectory = run(always_search, limits, &[episode(1)]).remove(0);
+    assert_eq!(trajectory.outcome, Outcome::TurnLimit);
+    assert_eq!(trajectory.turns.len(), 3);
+    assert_eq!(trajectory.queries().len(), 2, "a search asked on the last turn is not run");
+
+    let runaway: fn(&str, u64) -> String = |_, _| "blah ".repeat(1000);
+    let limits = AgentLimits { max_turn_tokens: 64, max_total_tokens: 64, ..AgentLimits::default() };
+    let trajectory = run(runaway, limits, &[episode(1)]).remove(0);
+    assert_eq!(trajectory.outcome, Outcome::TokenBudget);
+    assert_eq!(trajectory.generated_tokens(), 64);
+
+    let limits = AgentLimits { context_limit: 60, ..AgentLimits::default() };
+    let trajectory = run(always_search, limits, &[episode(1)]).remove(0);
+    assert_eq!(trajectory.outcome, Outcome::ContextLimit);
+}
+
+#[test]
+fn trajectories_do_not_depend_on_batching() {
+    let seeded: fn(&str, u64) -> String = |context, seed| {
+        if context.contains("<information>") {
+            format!("<answer>{}</answer>", seed % 1000)
+        } else {
+            format!("<search>Veltria {}</search>", seed % 7)
+        }
+    };
+    let batch = run(seeded, AgentLimits::default(), &[episode(1), episode(2), episode(3)]);
+    let alone = run(seeded, AgentLimits::default(), &[episode(2)]);
+    // Everything but the wall times.
+    let key = |t: &Trajectory| {
+        (t.response.clone(), t.token_ids.clone(), t.logprobs.clone(), t.outcome.clone(), t.queries().join("|"))
+    };
+    assert_eq!(key(&batch[1]), key(&alone[0]));
+    assert_ne!(batch[0].response, batch[1].response);
+}

@@ -1,0 +1,111 @@
+//! Policies: language models that continue a trajectory. One trait, several backends:
+//! `scripted` (canned turns, for tests), `openai` (any OpenAI-compatible server).
+//!
+//! The agent loop drives generation: it hands a policy a batch of contexts (the rendered prompt
+//! plus everything generated and retrieved so far) and gets back, per context, the new text,
+//! the exact sampled token ids and their natural-log probabilities where the backend can give
+//! them, and why generation stopped.
+
+mod chat;
+mod openai;
+mod scripted;
+
+use futures::future::BoxFuture;
+
+pub use self::chat::{ChatMessage, ChatTemplate};
+pub use self::openai::{OpenAiConfig, OpenAiPolicy};
+pub use self::scripted::ScriptedPolicy;
+
+/// How to sample. `temperature == 0` means greedy.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    /// Softmax temperature; 0 for greedy decoding.
+    #[serde(default = "one")]
+    pub temperature: f32,
+    /// Nucleus sampling mass; 1 keeps every token.
+    #[serde(default = "one")]
+    pub top_p: f32,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+impl Sampling {
+    /// Greedy decoding (evaluation).
+    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_p: 1.0 };
+}
+
+/// One continuation to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// The whole context as text.
+    pub context: String,
+    /// The same context as token ids, when the caller has them exactly.
+    pub context_ids: Option<Vec<u32>>,
+    /// New tokens at most.
+    pub max_tokens: usize,
+    /// Generation stops after any of these strings; the returned text includes it.
+    pub stop: Vec<String>,
+    /// How to sample.
+    pub sampling: Sampling,
+    /// The seed of this request: the same seed and context give the same continuation,
+    /// whatever else is in the batch.
+    pub seed: u64,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop string was generated.
+    Stop,
+    /// The model ended its turn (end-of-sequence token).
+    Eos,
+    /// `max_tokens` was reached.
+    Length,
+}
+
+/// A generated continuation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The new text, including the stop string when `finish` is `Stop`.
+    pub text: String,
+    /// The sampled token ids, when the backend gives them.
+    pub token_ids: Option<Vec<u32>>,
+    /// Natural-log probability of each sampled token, when the backend gives them.
+    pub logprobs: Option<Vec<f32>>,
+    /// Why it stopped.
+    pub finish: FinishReason,
+}
+
+/// Why a policy failed (not the model's output being bad: that is the agent loop's business).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A server could not be reached or answered badly.
+    #[error("policy `{name}`: {message}")]
+    Backend {
+        /// The policy.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A language model the agent loop can drive.
+pub trait Policy: Send + Sync {
+    /// A name for logs and tables.
+    fn name(&self) -> &str;
+
+    /// The prompt text that starts the assistant's turn after `messages`.
+    fn render_chat(&self, messages: &[ChatMessage]) -> String;
+
+    /// Token ids of `text` (special-token markers in it included), when the backend can tell.
+    fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>>;
+
+    /// Continues each request. Results are in request order.
+    fn generate<'a>(&'a self, requests: &'a [GenerationRequest])
+    -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>>;
+}

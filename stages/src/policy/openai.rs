@@ -1,0 +1,294 @@
+//! A policy behind any OpenAI-compatible completions server (vLLM, SGLang, llama.cpp server,
+//! mistralrs-server): how a run uses a fleet of GPUs.
+//!
+//! Trajectories continue as raw text (`POST {base_url}/completions` with the whole context), so
+//! a tool result is appended without re-templating. Log-probs are requested; token ids come
+//! from vLLM's `return_tokens_as_token_ids` (tokens written `token_id:N`) where the server
+//! supports it. When it does not, the generation says so (no ids) and the trajectory is marked
+//! inexact rather than guessed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{ChatMessage, ChatTemplate, FinishReason, Generation, GenerationRequest, Policy, PolicyError};
+
+/// An OpenAI-compatible server, as a spec names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiConfig {
+    /// The API root, e.g. `http://gpu-1:8000/v1`.
+    pub base_url: String,
+    /// The model name the server knows.
+    pub model: String,
+    /// The environment variable holding the API key, if the server needs one.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// How messages become the prompt text.
+    #[serde(default = "chatml")]
+    pub chat_template: ChatTemplate,
+    /// Seconds before a request is abandoned.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: f64,
+    /// Retries after a connection error, a timeout, a 429 or a 5xx answer.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Requests in flight at once.
+    #[serde(default = "default_concurrency")]
+    pub max_concurrency: usize,
+}
+
+fn chatml() -> ChatTemplate {
+    ChatTemplate::Chatml
+}
+fn default_timeout() -> f64 {
+    300.0
+}
+fn default_retries() -> u32 {
+    3
+}
+fn default_concurrency() -> usize {
+    64
+}
+
+/// The client. Cheap to share.
+#[derive(Debug)]
+pub struct OpenAiPolicy {
+    config: OpenAiConfig,
+    client: reqwest::Client,
+    api_key: Option<String>,
+    /// Set once the server has shown it has no `/tokenize`.
+    no_tokenizer: AtomicBool,
+}
+
+#[derive(Deserialize)]
+struct CompletionResponse {
+    choices: Vec<Choice>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    text: String,
+    finish_reason: Option<String>,
+    /// vLLM: the stop string (or token id) that ended generation; absent at end of sequence.
+    #[serde(default)]
+    stop_reason: Option<serde_json::Value>,
+    #[serde(default)]
+    logprobs: Option<ChoiceLogprobs>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceLogprobs {
+    #[serde(default)]
+    tokens: Vec<String>,
+    #[serde(default)]
+    token_logprobs: Vec<Option<f32>>,
+}
+
+enum Attempt {
+    Retry(String),
+    GiveUp(String),
+}
+
+impl OpenAiPolicy {
+    /// A client for `config`; reads the API key from the named environment variable.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiPolicy, PolicyError> {
+        let error = |message: String| PolicyError::Backend { name: config.model.clone(), message };
+        let api_key =
+            match &config.api_key_env {
+                Some(variable) => Some(std::env::var(variable).map_err(|_| {
+                    error(format!("the API key variable `{variable}` named by `api_key_env` is not set"))
+                })?),
+                None => None,
+            };
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs_f64(config.timeout_secs.max(0.001)))
+            .build()
+            .map_err(|e| error(e.to_string()))?;
+        Ok(OpenAiPolicy { config, client, api_key, no_tokenizer: AtomicBool::new(false) })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/{path}", self.config.base_url.trim_end_matches('/'))
+    }
+
+    async fn post(&self, path: &str, body: &serde_json::Value) -> Result<reqwest::Response, Attempt> {
+        let mut request = self.client.post(self.url(path)).json(body);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.map_err(|e| {
+            Attempt::Retry(if e.is_timeout() {
+                format!("no answer from {} within {} s", self.url(path), self.config.timeout_secs)
+            } else {
+                format!("{} is unreachable: {e}", self.url(path))
+            })
+        })?;
+        let status = response.status();
+        if status.is_server_error() || status.as_u16() == 429 {
+            return Err(Attempt::Retry(format!("{} answered {status}", self.url(path))));
+        }
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(Attempt::GiveUp(format!(
+                "{} answered {status}: {}",
+                self.url(path),
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        Ok(response)
+    }
+
+    async fn complete(&self, request: &GenerationRequest) -> Result<Generation, PolicyError> {
+        let body = json!({
+            "model": self.config.model,
+            "prompt": request.context,
+            "max_tokens": request.max_tokens,
+            "temperature": request.sampling.temperature,
+            "top_p": request.sampling.top_p,
+            "stop": request.stop,
+            "seed": request.seed,
+            "logprobs": 1,
+            // vLLM extensions (ignored elsewhere): exact ids, and the stop string kept in both
+            // the text and the ids, so that they agree.
+            "return_tokens_as_token_ids": true,
+            "include_stop_str_in_output": true,
+        });
+        let mut pause = Duration::from_millis(500);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let outcome = match self.post("completions", &body).await {
+                Ok(response) => match response.json::<CompletionResponse>().await {
+                    Ok(parsed) => return self.read_choice(parsed, request),
+                    Err(e) => Attempt::GiveUp(format!("the answer is not a completion: {e}")),
+                },
+                Err(attempt) => attempt,
+            };
+            match outcome {
+                Attempt::Retry(message) if attempts <= self.config.retries => {
+                    tracing::warn!(model = %self.config.model, attempt = attempts, "{message}; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Attempt::Retry(message) | Attempt::GiveUp(message) => {
+                    return Err(PolicyError::Backend { name: self.config.model.clone(), message });
+                }
+            }
+        }
+    }
+
+    fn read_choice(
+        &self,
+        response: CompletionResponse,
+        request: &GenerationRequest,
+    ) -> Result<Generation, PolicyError> {
+        let choice = response.choices.into_iter().next().ok_or_else(|| PolicyError::Backend {
+            name: self.config.model.clone(),
+            message: "the completion has no choices".into(),
+        })?;
+        let mut text = choice.text;
+        let finish = match choice.finish_reason.as_deref() {
+            Some("length") => FinishReason::Length,
+            _ => match choice.stop_reason.as_ref().and_then(|r| r.as_str()) {
+                // Servers drop the stop string from the text; put it back.
+                Some(stop) => {
+                    if !text.ends_with(stop) {
+                        text.push_str(stop);
+                    }
+                    FinishReason::Stop
+                }
+                None => close_open_tag(&mut text, &request.stop),
+            },
+        };
+        let (token_ids, logprobs) = match choice.logprobs {
+            Some(lp) if !lp.tokens.is_empty() => {
+                let ids: Option<Vec<u32>> =
+                    lp.tokens.iter().map(|t| t.strip_prefix("token_id:")?.parse().ok()).collect();
+                let logprobs: Option<Vec<f32>> = lp.token_logprobs.into_iter().collect();
+                (ids, logprobs)
+            }
+            _ => (None, None),
+        };
+        Ok(Generation { text, token_ids, logprobs, finish })
+    }
+}
+
+/// Without `stop_reason`, an end of generation at a stop string and one at end of sequence look
+/// alike. SSP's rule: if the text has an opener whose closer is a stop string and is not
+/// closed, append the closer.
+fn close_open_tag(text: &mut String, stops: &[String]) -> FinishReason {
+    for stop in stops {
+        let Some(tag) = stop.strip_prefix("</").and_then(|s| s.strip_suffix('>')) else { continue };
+        let opener = format!("<{tag}>");
+        if let Some(open) = text.rfind(&opener) {
+            if !text[open..].contains(stop.as_str()) {
+                text.push_str(stop);
+                return FinishReason::Stop;
+            }
+        }
+    }
+    FinishReason::Eos
+}
+
+impl Policy for OpenAiPolicy {
+    fn name(&self) -> &str {
+        &self.config.model
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> String {
+        self.config.chat_template.render(messages)
+    }
+
+    fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>> {
+        Box::pin(async move {
+            if self.no_tokenizer.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            // vLLM and SGLang serve `/tokenize` beside `/v1`.
+            let root = self.config.base_url.trim_end_matches('/').trim_end_matches("/v1");
+            let body = json!({ "model": self.config.model, "prompt": text, "add_special_tokens": false });
+            let response = self.client.post(format!("{root}/tokenize")).json(&body).send().await;
+            let tokens = match response {
+                Ok(response) if response.status().is_success() => {
+                    response.json::<serde_json::Value>().await.ok().and_then(|v| {
+                        v.get("tokens")?
+                            .as_array()?
+                            .iter()
+                            .map(|t| t.as_u64().map(|t| t as u32))
+                            .collect::<Option<Vec<u32>>>()
+                    })
+                }
+                _ => None,
+            };
+            if tokens.is_none() {
+                tracing::warn!(model = %self.config.model, "the server does not tokenize; trajectories will be marked inexact");
+                self.no_tokenizer.store(true, Ordering::Relaxed);
+            }
+            Ok(tokens)
+        })
+    }
+
+    fn generate<'a>(
+        &'a self,
+        requests: &'a [GenerationRequest],
+    ) -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>> {
+        let pending: Vec<_> = requests.iter().map(|request| self.complete(request)).collect();
+        Box::pin(async move {
+            futures::stream::iter(pending)
+                .buffered(self.config.max_concurrency.max(1))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
