@@ -6,17 +6,19 @@
 //! no input can make a query fail. A query with no terms left (empty, punctuation, only
 //! stopwords) matches nothing.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tantivy::collector::TopDocs;
-use tantivy::query::BooleanQuery;
+use tantivy::query::{BooleanQuery, EnableScoring, Query, TermQuery};
 use tantivy::schema::{Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value};
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer, TokenStream,
 };
-use tantivy::{Index, IndexReader, ReloadPolicy, TantivyDocument, Term};
+use tantivy::{DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Score, Searcher, TERMINATED, TantivyDocument, Term};
 
 use super::corpus::CorpusReader;
 use super::{Doc, Hit, Search, SearchError};
@@ -26,6 +28,12 @@ const ANALYZER: &str = "sesa_en";
 /// Longer queries are cut here: a runaway model must not make one search take seconds.
 const MAX_QUERY_TERMS: usize = 256;
 const MAX_QUERY_BYTES: usize = 8 * 1024;
+/// Up to this many passages, queries score every matching document into a dense array (what
+/// bm25s does) instead of tantivy's block-WAND, which pays off only on large indexes. Both give
+/// the same BM25 scores.
+const EXHAUSTIVE_MAX_DOCS: u64 = 200_000;
+/// About 16 KiB each: 16 MiB of decompressed passages at most.
+const DOC_STORE_CACHE_BLOCKS: usize = 1024;
 
 /// Lowercase, English stopwords removed, Porter-style stemming: close to Pyserini's default.
 fn analyzer() -> TextAnalyzer {
@@ -160,6 +168,8 @@ impl Bm25Index {
         let reader = index
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
+            // Decompressed doc-store blocks are cached: hot passages cost no decompression.
+            .doc_store_cache_num_blocks(DOC_STORE_CACHE_BLOCKS)
             .try_into()
             .map_err(|e: tantivy::TantivyError| index_error(e.to_string()))?;
         Ok(Bm25Index { path: path.to_path_buf(), reader, analyzer: analyzer(), fields })
@@ -197,13 +207,14 @@ impl Bm25Index {
             return Ok(Vec::new());
         }
         let searcher = self.reader.searcher();
-        let index_error = |e: tantivy::TantivyError| SearchError::Index {
-            path: self.path.display().to_string(),
-            message: e.to_string(),
+        let index_error = |e: tantivy::TantivyError| SearchError::Index { path: self.path.display().to_string(), message: e.to_string() };
+        let top = if searcher.num_docs() <= EXHAUSTIVE_MAX_DOCS {
+            top_k_exhaustive(&searcher, &terms, k).map_err(index_error)?
+        } else {
+            searcher
+                .search(&BooleanQuery::new_multiterms_query(terms), &TopDocs::with_limit(k).order_by_score())
+                .map_err(index_error)?
         };
-        let top = searcher
-            .search(&BooleanQuery::new_multiterms_query(terms), &TopDocs::with_limit(k).order_by_score())
-            .map_err(index_error)?;
         top.into_iter()
             .map(|(score, address)| {
                 let document: TantivyDocument = searcher.doc(address).map_err(index_error)?;
@@ -237,6 +248,61 @@ impl Bm25Index {
             Ok(results)
         })
     }
+}
+
+/// A scored document, ordered by score, then earlier documents first (so ties are stable).
+#[derive(Clone, Copy, PartialEq)]
+struct Ranked {
+    score: Score,
+    address: DocAddress,
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.score.total_cmp(&other.score).then(other.address.cmp(&self.address))
+    }
+}
+
+/// Term-at-a-time BM25: each term's postings add its scores into a dense array per segment;
+/// then the best `k`, ties broken by document order.
+fn top_k_exhaustive(searcher: &Searcher, terms: &[Term], k: usize) -> tantivy::Result<Vec<(Score, DocAddress)>> {
+    let scoring = EnableScoring::enabled_from_searcher(searcher);
+    let weights = terms
+        .iter()
+        .map(|term| TermQuery::new(term.clone(), IndexRecordOption::WithFreqs).weight(scoring))
+        .collect::<tantivy::Result<Vec<_>>>()?;
+    // A min-heap of the best `k` so far: its top is the one to beat.
+    let mut heap: BinaryHeap<Reverse<Ranked>> = BinaryHeap::with_capacity(k + 1);
+    for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
+        let mut scores = vec![0.0 as Score; segment.max_doc() as usize];
+        for weight in &weights {
+            let mut scorer = weight.scorer(segment, 1.0)?;
+            let mut doc = scorer.doc();
+            while doc != TERMINATED {
+                scores[doc as usize] += scorer.score();
+                doc = scorer.advance();
+            }
+        }
+        for (doc, &score) in scores.iter().enumerate() {
+            if score <= 0.0 || (heap.len() == k && score <= heap.peek().map_or(0.0, |worst| worst.0.score)) {
+                continue;
+            }
+            heap.push(Reverse(Ranked { score, address: DocAddress::new(ordinal as u32, doc as u32) }));
+            if heap.len() > k {
+                heap.pop();
+            }
+        }
+    }
+    let best = heap.into_sorted_vec().into_iter().map(|Reverse(r)| (r.score, r.address)).collect();
+    Ok(best)
 }
 
 impl Search for Arc<Bm25Index> {
