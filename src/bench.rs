@@ -49,3 +49,88 @@ pub fn bench_index(index: &Path, questions: &Path, k: usize) -> Result<u8> {
     }
     Ok(0)
 }
+
+/// `sesa bench rollouts`: solver trajectories with real search against raw generation of the
+/// same number of tokens, to measure what the agent loop adds.
+pub async fn bench_rollouts(
+    spec_path: &Path,
+    questions: &Path,
+    trajectories: usize,
+    registry: &sesa_engine::Registry,
+) -> Result<u8> {
+    use std::collections::BTreeMap;
+
+    use sesa_engine::spec::{SourceDoc, Spec};
+    use sesa_stages::agent::{AgentRun, Episode, PromptTemplate, Role, SOLVER_PROMPT};
+    use sesa_stages::policy::GenerationRequest;
+    use sesa_stages::search::SearchConfig;
+    use sesa_stages::sections::{AgentSection, ModelSection, PromptsSection};
+
+    let source = SourceDoc::load(spec_path).map_err(sesa_engine::SpecErrors::from)?;
+    let spec = Spec::from_source(&source, registry)?;
+    let needed = |key: &str| anyhow::anyhow!("the spec has no `{key}:` section");
+    let model = spec.section::<ModelSection>().ok_or_else(|| needed("model"))?;
+    let search_config = spec.section::<SearchConfig>().ok_or_else(|| needed("search"))?;
+    let agent = spec.section::<AgentSection>().ok_or_else(|| needed("agent"))?;
+    let prompts = spec.section::<PromptsSection>().ok_or_else(|| needed("prompts"))?;
+    let template = PromptTemplate::load_kind(&prompts.solver, SOLVER_PROMPT)?;
+    let questions = load_questions(questions)?;
+    let search = search_config.open()?;
+    let policy = model.open().await?;
+    let episodes: Vec<Episode> = questions
+        .iter()
+        .cycle()
+        .take(trajectories)
+        .enumerate()
+        .map(|(i, q)| Episode {
+            prompt: policy.render_chat(&template.render(&BTreeMap::from([("question", q.question.clone())]))),
+            seed: i as u64,
+        })
+        .collect();
+    let run = AgentRun {
+        role: Role::Solver,
+        policy: policy.as_ref(),
+        search: search.as_ref(),
+        top_k: search_config.top_k,
+        limits: agent.limits(),
+        sampling: agent.sampling,
+    };
+    let clock = Instant::now();
+    let results = run.run(&episodes).await?;
+    let loop_seconds = clock.elapsed().as_secs_f64();
+    let tokens: usize = results.iter().map(|t| t.generated_tokens()).sum();
+    let search_ms: u64 = results.iter().flat_map(|t| t.turns.iter()).map(|t| t.search_ms).max().unwrap_or(0);
+    // The same number of tokens per trajectory, generated in one go from the same prompts.
+    let raw: Vec<GenerationRequest> = episodes
+        .iter()
+        .zip(&results)
+        .map(|(episode, trajectory)| GenerationRequest {
+            context: episode.prompt.clone(),
+            context_ids: None,
+            max_tokens: trajectory.generated_tokens().max(1),
+            stop: Vec::new(),
+            sampling: agent.sampling,
+            seed: episode.seed,
+        })
+        .collect();
+    let clock = Instant::now();
+    let generations = policy.generate(&raw).await?;
+    let raw_seconds = clock.elapsed().as_secs_f64();
+    let raw_tokens: usize = generations.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum();
+    println!("trajectories      {}", results.len());
+    println!(
+        "agent loop        {loop_seconds:.1} s, {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
+        results.len() as f64 * 60.0 / loop_seconds,
+        tokens as f64 / loop_seconds
+    );
+    println!(
+        "raw generation    {raw_seconds:.1} s, {:.1} tokens/s ({raw_tokens} tokens)",
+        raw_tokens as f64 / raw_seconds
+    );
+    println!(
+        "loop overhead     {:+.1}% (wall time of the loop over raw generation of the same tokens)",
+        (loop_seconds / raw_seconds - 1.0) * 100.0
+    );
+    println!("slowest search    {search_ms} ms (one batched call)");
+    Ok(0)
+}

@@ -11,6 +11,7 @@ use sesa_engine::{
     ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
     list_runs, load_pipeline,
 };
+use sesa_stages::agent::Role;
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
@@ -102,6 +103,38 @@ enum Command {
         #[command(subcommand)]
         command: WorldCommand,
     },
+    /// Benchmark solver rollouts with real search against raw generation of the same tokens.
+    BenchRollouts {
+        /// The spec whose `model:`, `search:`, `agent:` and `prompts:` sections to use.
+        #[arg(long)]
+        spec: PathBuf,
+        /// Questions (FlashRAG JSONL), used in order and repeated as needed.
+        #[arg(long)]
+        questions: PathBuf,
+        /// Trajectories in flight together.
+        #[arg(long, default_value_t = 32)]
+        trajectories: usize,
+    },
+    /// Run one agent episode with a spec's model, search and prompts, and print it.
+    Ask {
+        /// The question (solver), or the target answer (proposer).
+        text: String,
+        /// The spec whose `model:`, `search:`, `agent:` and `prompts:` sections to use.
+        #[arg(long)]
+        spec: PathBuf,
+        /// Override a key, as with `run`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Who answers: the solver answers a question, the proposer writes one for an answer.
+        #[arg(long, value_enum, default_value_t = AskRole::Solver)]
+        role: AskRole,
+        /// Searches the proposer's question must need.
+        #[arg(long, default_value_t = 2)]
+        hops: u8,
+        /// The episode's seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// The model cache (`$SESA_HOME/models`, default `~/.cache/sesa/models`).
     Model {
         #[command(subcommand)]
@@ -170,6 +203,12 @@ enum WorldCommand {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AskRole {
+    Solver,
+    Proposer,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -255,6 +294,12 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         }
         Command::Run { spec, overrides, store } => {
             let pipeline = load_pipeline(&spec, &overrides, registry)?;
+            if pipeline.spec().stages.is_empty() {
+                anyhow::bail!(
+                    "{} has no stages: nothing to run (`sesa ask` can still use its sections)",
+                    spec.display()
+                );
+            }
             let root = ArtifactStore::open(&store)?;
             let run = Run::create(&root, pipeline, code_version()).await.context("creating the run")?;
             eprintln!("run {} → {}", run.id(), run.location());
@@ -302,6 +347,20 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             })
             .await?;
             Ok(0)
+        }
+        Command::BenchRollouts { spec, questions, trajectories } => {
+            crate::bench::bench_rollouts(&spec, &questions, trajectories, registry).await
+        }
+        Command::Ask { text, spec, overrides, role, hops, seed } => {
+            let role = match role {
+                AskRole::Solver => Role::Solver,
+                AskRole::Proposer => Role::Proposer,
+            };
+            crate::ask::ask(
+                crate::ask::Ask { spec: &spec, overrides: &overrides, role, text: &text, hops, seed },
+                registry,
+            )
+            .await
         }
         Command::Model { command: ModelCommand::Fetch { name } } => {
             let home = models::sesa_home();

@@ -4,6 +4,7 @@
 //! [`run_cli`] takes the registry as an argument so that tests can run the real command line
 //! with test-only stage kinds.
 
+mod ask;
 mod bench;
 mod cli;
 mod logging;

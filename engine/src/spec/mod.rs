@@ -150,7 +150,8 @@ impl Spec {
 
         let mut stages = Vec::new();
         match top.get("stages") {
-            None => problems.push(type_error("stages", "missing: a spec needs at least one stage".into())),
+            // A spec without stages still describes an environment (models, search...).
+            None => {}
             Some(Value::Mapping(map)) => {
                 for (stage_name, value) in map {
                     let Some(stage_name) = stage_name.as_str() else {
@@ -162,9 +163,6 @@ impl Spec {
                         Ok(instance) => stages.push(instance),
                         Err(found) => problems.extend(found),
                     }
-                }
-                if map.is_empty() {
-                    problems.push(type_error("stages", "no stages: a spec needs at least one".into()));
                 }
                 problems.extend(dangling_after(map, source));
             }

@@ -21,8 +21,7 @@ use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Sampli
 use crate::search::{Search, SearchError, format_results};
 
 /// Budgets of one episode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentLimits {
     /// Generation turns at most (SSP: 10); a search asked for on the last turn is not run.
     pub max_turns: usize,

@@ -1,5 +1,6 @@
 //! Policies: language models that continue a trajectory. One trait, several backends:
-//! `scripted` (canned turns, for tests), `openai` (any OpenAI-compatible server).
+//! `mistralrs` (in process, the default), `openai` (any OpenAI-compatible server), `scripted`
+//! (canned turns, for tests).
 //!
 //! The agent loop drives generation: it hands a policy a batch of contexts (the rendered prompt
 //! plus everything generated and retrieved so far) and gets back, per context, the new text,
@@ -7,12 +8,14 @@
 //! them, and why generation stopped.
 
 mod chat;
+mod mistralrs;
 mod openai;
 mod scripted;
 
 use futures::future::BoxFuture;
 
 pub use self::chat::{ChatMessage, ChatTemplate};
+pub use self::mistralrs::{MistralRsConfig, MistralRsPolicy};
 pub use self::openai::{OpenAiConfig, OpenAiPolicy};
 pub use self::scripted::ScriptedPolicy;
 

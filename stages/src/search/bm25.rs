@@ -18,7 +18,9 @@ use tantivy::schema::{Field, IndexRecordOption, STORED, STRING, Schema, TextFiel
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer, TokenStream,
 };
-use tantivy::{DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Score, Searcher, TERMINATED, TantivyDocument, Term};
+use tantivy::{
+    DocAddress, DocSet, Index, IndexReader, ReloadPolicy, Score, Searcher, TERMINATED, TantivyDocument, Term,
+};
 
 use super::corpus::CorpusReader;
 use super::{Doc, Hit, Search, SearchError};
@@ -207,7 +209,10 @@ impl Bm25Index {
             return Ok(Vec::new());
         }
         let searcher = self.reader.searcher();
-        let index_error = |e: tantivy::TantivyError| SearchError::Index { path: self.path.display().to_string(), message: e.to_string() };
+        let index_error = |e: tantivy::TantivyError| SearchError::Index {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        };
         let top = if searcher.num_docs() <= EXHAUSTIVE_MAX_DOCS {
             top_k_exhaustive(&searcher, &terms, k).map_err(index_error)?
         } else {

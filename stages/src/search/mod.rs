@@ -80,3 +80,36 @@ pub trait Search: Send + Sync {
     /// Top-`k` hits for each of `queries`.
     fn search<'a>(&'a self, queries: &'a [String], k: usize) -> BoxFuture<'a, Result<Vec<Vec<Hit>>, SearchError>>;
 }
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Test support: BM25 indexes of the shared benchmark packs.
+
+    use std::path::Path;
+
+    use super::Bm25Index;
+    use crate::data::datasets::{Question, load_questions};
+
+    /// A pack of `../shared/data` indexed in a temporary directory.
+    pub(crate) struct SharedPack {
+        pub(crate) index: Bm25Index,
+        pub(crate) questions: Vec<Question>,
+        _directory: tempfile::TempDir,
+    }
+
+    impl SharedPack {
+        /// Indexes `../shared/data/<name>`, or says it is absent and returns `None`.
+        pub(crate) fn open(name: &str) -> Option<SharedPack> {
+            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
+            if !data.exists() {
+                eprintln!("SKIPPED: ../shared/data/{name} is absent; this test needs its corpus");
+                return None;
+            }
+            let directory = tempfile::tempdir().unwrap();
+            Bm25Index::build(&data.join("corpus.jsonl"), &directory.path().join("index"), |_| {}).unwrap();
+            let index = Bm25Index::open(&directory.path().join("index")).unwrap();
+            let questions = load_questions(&data.join("questions.jsonl")).unwrap();
+            Some(SharedPack { index, questions, _directory: directory })
+        }
+    }
+}

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::Bm25Index;
+use crate::search::testing::SharedPack;
 use crate::search::{Search, format_results};
 
 fn corpus() -> &'static str {
@@ -113,15 +114,8 @@ fn building_into_a_non_empty_directory_is_refused() {
 /// little lower: a regression in analysis or scoring fails here.
 #[test]
 fn hotpotqa_supporting_title_recall_stays_above_its_floor() {
-    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/hotpotqa");
-    if !data.exists() {
-        eprintln!("SKIPPED: ../shared/data/hotpotqa is absent; HotpotQA recall is not measured");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    Bm25Index::build(&data.join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
-    let index = Bm25Index::open(&dir.path().join("index")).unwrap();
-    let questions = crate::data::datasets::load_questions(&data.join("questions.jsonl")).unwrap();
+    let Some(pack) = SharedPack::open("hotpotqa") else { return };
+    let (index, questions) = (&pack.index, &pack.questions);
     let queries: Vec<String> = questions.iter().map(|q| q.question.clone()).collect();
     let results = index.search_batch(&queries, 10).unwrap();
     let recall = |k: usize| {
@@ -147,15 +141,8 @@ fn hotpotqa_supporting_title_recall_stays_above_its_floor() {
 /// passages (not every answer is in this corpus).
 #[test]
 fn bamboogle_answer_recall_stays_above_its_floor() {
-    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/bamboogle");
-    if !data.exists() {
-        eprintln!("SKIPPED: ../shared/data/bamboogle is absent; Bamboogle recall is not measured");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    Bm25Index::build(&data.join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
-    let index = Bm25Index::open(&dir.path().join("index")).unwrap();
-    let questions = crate::data::datasets::load_questions(&data.join("questions.jsonl")).unwrap();
+    let Some(pack) = SharedPack::open("bamboogle") else { return };
+    let (index, questions) = (&pack.index, &pack.questions);
     let queries: Vec<String> = questions.iter().map(|q| q.question.clone()).collect();
     let results = index.search_batch(&queries, 10).unwrap();
     let normalize = crate::data::metrics::normalize_answer;

@@ -1,0 +1,219 @@
+//! The spec sections of the SESA domain that configure agents: `model:` (which policy),
+//! `agent:` (budgets and sampling) and `prompts:` (template files). The `search:` section lives
+//! with the search backends.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Section};
+
+use crate::agent::{AgentLimits, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT};
+use crate::models;
+use crate::policy::{MistralRsConfig, MistralRsPolicy, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, Sampling};
+
+/// The policy: a local model served in process, or an OpenAI-compatible server.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelSection {
+    /// mistral.rs in process (CPU, or CUDA with the `cuda` feature).
+    Mistralrs(MistralRsConfig),
+    /// Any OpenAI-compatible completions server.
+    Openai(OpenAiConfig),
+}
+
+impl Section for ModelSection {
+    const KEY: &'static str = "model";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        match self {
+            ModelSection::Mistralrs(config) => {
+                let mut problems = Vec::new();
+                if config.instances == 0 || config.instances > 64 {
+                    problems.push(ConfigProblem::new(
+                        "instances",
+                        format!("must be between 1 and 64, got {}", config.instances),
+                    ));
+                }
+                let path = Path::new(&config.model);
+                if !path.exists() && !models::KNOWN_MODELS.iter().any(|m| m.name == config.model) {
+                    let known: Vec<&str> = models::KNOWN_MODELS.iter().map(|m| m.name).collect();
+                    problems.push(ConfigProblem::new(
+                        "model",
+                        format!("`{}` is neither a file nor a known model ({})", config.model, known.join(", ")),
+                    ));
+                }
+                problems
+            }
+            ModelSection::Openai(config) => {
+                let mut problems = Vec::new();
+                if !config.base_url.starts_with("http://") && !config.base_url.starts_with("https://") {
+                    problems.push(ConfigProblem::new("base_url", "must be an http:// or https:// URL"));
+                }
+                if config.max_concurrency == 0 {
+                    problems.push(ConfigProblem::new("max_concurrency", "must be at least 1"));
+                }
+                problems
+            }
+        }
+    }
+}
+
+impl ModelSection {
+    /// Builds the policy, fetching a named local model into the cache if it is missing.
+    pub async fn open(&self) -> Result<Arc<dyn Policy>, PolicyError> {
+        match self {
+            ModelSection::Mistralrs(config) => {
+                let home = models::sesa_home();
+                let path = match models::resolve(&home, &config.model) {
+                    Ok(path) => path,
+                    Err(models::ModelError::NotFetched { name, .. }) => {
+                        tracing::info!(model = %name, "fetching the model into {}", home.display());
+                        let name_for_fetch = name.clone();
+                        tokio::task::spawn_blocking(move || models::fetch(&home, &name_for_fetch))
+                            .await
+                            .map_err(|e| PolicyError::Backend { name: name.clone(), message: e.to_string() })?
+                            .map_err(|e| PolicyError::Backend { name: name.clone(), message: e.to_string() })?
+                    }
+                    Err(error) => {
+                        return Err(PolicyError::Backend { name: config.model.clone(), message: error.to_string() });
+                    }
+                };
+                let file =
+                    gguf_in(&path).map_err(|message| PolicyError::Backend { name: config.model.clone(), message })?;
+                Ok(Arc::new(MistralRsPolicy::load(&file, config.instances).await?))
+            }
+            ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone())?)),
+        }
+    }
+}
+
+/// The GGUF file at `path`, or the only one in the directory `path`.
+fn gguf_in(path: &Path) -> Result<PathBuf, String> {
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    match files.as_slice() {
+        [file] => Ok(file.clone()),
+        [] => Err(format!("no .gguf file in {}", path.display())),
+        _ => Err(format!("several .gguf files in {}; name one", path.display())),
+    }
+}
+
+/// Budgets and sampling of every agent episode.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    /// Generation turns at most (SSP: 10).
+    #[serde(default = "defaults::max_turns")]
+    pub max_turns: usize,
+    /// New tokens per turn at most.
+    #[serde(default = "defaults::max_turn_tokens")]
+    pub max_turn_tokens: usize,
+    /// Generated tokens per episode at most.
+    #[serde(default = "defaults::max_total_tokens")]
+    pub max_total_tokens: usize,
+    /// Context length (prompt, generated and retrieved tokens) at which an episode stops.
+    #[serde(default = "defaults::context_limit")]
+    pub context_limit: usize,
+    /// Sampling for training rollouts (SSP: temperature 1).
+    #[serde(default = "defaults::sampling")]
+    pub sampling: Sampling,
+}
+
+mod defaults {
+    use crate::agent::AgentLimits;
+    use crate::policy::Sampling;
+
+    pub fn max_turns() -> usize {
+        AgentLimits::default().max_turns
+    }
+    pub fn max_turn_tokens() -> usize {
+        AgentLimits::default().max_turn_tokens
+    }
+    pub fn max_total_tokens() -> usize {
+        AgentLimits::default().max_total_tokens
+    }
+    pub fn context_limit() -> usize {
+        AgentLimits::default().context_limit
+    }
+    pub fn sampling() -> Sampling {
+        Sampling { temperature: 1.0, top_p: 1.0 }
+    }
+}
+
+impl AgentSection {
+    /// The budgets, for the agent loop.
+    pub fn limits(&self) -> AgentLimits {
+        AgentLimits {
+            max_turns: self.max_turns,
+            max_turn_tokens: self.max_turn_tokens,
+            max_total_tokens: self.max_total_tokens,
+            context_limit: self.context_limit,
+        }
+    }
+}
+
+impl Section for AgentSection {
+    const KEY: &'static str = "agent";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        for (key, value) in [
+            ("max_turns", self.max_turns),
+            ("max_turn_tokens", self.max_turn_tokens),
+            ("max_total_tokens", self.max_total_tokens),
+            ("context_limit", self.context_limit),
+        ] {
+            if value == 0 {
+                problems.push(ConfigProblem::new(key, "must be at least 1"));
+            }
+        }
+        if self.max_turn_tokens > self.max_total_tokens {
+            problems.push(ConfigProblem::new("max_turn_tokens", "cannot exceed max_total_tokens"));
+        }
+        if !(0.0..=10.0).contains(&self.sampling.temperature) {
+            problems.push(ConfigProblem::new("sampling.temperature", "must be between 0 and 10"));
+        }
+        if !(self.sampling.top_p > 0.0 && self.sampling.top_p <= 1.0) {
+            problems.push(ConfigProblem::new("sampling.top_p", "must be in (0, 1]"));
+        }
+        problems
+    }
+}
+
+/// Prompt template files (paths relative to the directory `sesa` runs in).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptsSection {
+    /// The solver's template: `{question}`, optional `{skills}`.
+    pub solver: PathBuf,
+    /// The proposer's template: `{answer}`, `{hops}`.
+    #[serde(default)]
+    pub proposer: Option<PathBuf>,
+}
+
+impl Section for PromptsSection {
+    const KEY: &'static str = "prompts";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        let mut check = |key: &str, path: &Path, kind: PromptKind| {
+            if let Err(error) = PromptTemplate::load_kind(path, kind) {
+                problems.push(ConfigProblem::new(key, error.to_string()));
+            }
+        };
+        check("solver", &self.solver, SOLVER_PROMPT);
+        if let Some(proposer) = &self.proposer {
+            check("proposer", proposer, PROPOSER_PROMPT);
+        }
+        problems
+    }
+}
