@@ -4,12 +4,11 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use sesa_engine::Registry;
 use sesa_engine::spec::{SourceDoc, Spec};
-use sesa_stages::agent::{AgentRun, Episode, Outcome, PROPOSER_PROMPT, PromptTemplate, Role, SOLVER_PROMPT};
-use sesa_stages::search::SearchConfig;
-use sesa_stages::sections::{AgentSection, ModelSection, PromptsSection};
+use sesa_stages::agent::{Episode, Outcome, Role};
+use sesa_stages::sections::AgentSetup;
 
 /// What to ask.
 pub struct Ask<'a> {
@@ -22,46 +21,18 @@ pub struct Ask<'a> {
     pub seed: u64,
 }
 
-fn section<T: std::any::Any + Send + Sync>(spec: &Spec, key: &str) -> Result<std::sync::Arc<T>> {
-    spec.section::<T>().with_context(|| format!("the spec has no `{key}:` section, which `sesa ask` needs"))
-}
-
 /// Runs one episode with the spec's model, search, budgets and prompts, and prints it.
 pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
     let mut source = SourceDoc::load(request.spec).map_err(sesa_engine::SpecErrors::from)?;
     source.apply_overrides(request.overrides).map_err(sesa_engine::SpecErrors::from)?;
     let spec = Spec::from_source(&source, registry)?;
-    let model = section::<ModelSection>(&spec, "model")?;
-    let search_config = section::<SearchConfig>(&spec, "search")?;
-    let agent = section::<AgentSection>(&spec, "agent")?;
-    let prompts = section::<PromptsSection>(&spec, "prompts")?;
-    let (path, kind, values) = match request.role {
-        Role::Solver => {
-            (prompts.solver.clone(), SOLVER_PROMPT, BTreeMap::from([("question", request.text.to_string())]))
-        }
-        Role::Proposer => {
-            let Some(path) = prompts.proposer.clone() else {
-                bail!("the spec's `prompts:` has no `proposer` template")
-            };
-            (
-                path,
-                PROPOSER_PROMPT,
-                BTreeMap::from([("answer", request.text.to_string()), ("hops", request.hops.to_string())]),
-            )
-        }
+    let setup = AgentSetup::from_spec(&spec).await?;
+    let values = match request.role {
+        Role::Solver => BTreeMap::from([("question", request.text.to_string())]),
+        Role::Proposer => BTreeMap::from([("answer", request.text.to_string()), ("hops", request.hops.to_string())]),
     };
-    let template = PromptTemplate::load_kind(&path, kind)?;
-    let search = search_config.open()?;
-    let policy = model.open().await?;
-    let prompt = policy.render_chat(&template.render(&values));
-    let run = AgentRun {
-        role: request.role,
-        policy: policy.as_ref(),
-        search: search.as_ref(),
-        top_k: search_config.top_k,
-        limits: agent.limits(),
-        sampling: agent.sampling,
-    };
+    let prompt = setup.policy.render_chat(&setup.template(request.role)?.render(&values));
+    let run = setup.agent(request.role);
     let clock = std::time::Instant::now();
     let trajectory = run.run(&[Episode { prompt, seed: request.seed }]).await?.remove(0);
     let seconds = clock.elapsed().as_secs_f64();
@@ -80,7 +51,9 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
     println!("{}", paint("1", rest));
     let (label, code) = match &trajectory.outcome {
         Outcome::Final(text) => (format!("{}: {text}", request.role.final_tag()), "32"),
-        other => (format!("ended without a {}: {}", request.role.final_tag(), serde_json::to_string(other)?), "31"),
+        other => {
+            (format!("ended without a final <{}>: {}", request.role.final_tag(), serde_json::to_string(other)?), "31")
+        }
     };
     println!("\n{}", paint(code, &label));
     println!(

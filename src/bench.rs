@@ -61,22 +61,16 @@ pub async fn bench_rollouts(
     use std::collections::BTreeMap;
 
     use sesa_engine::spec::{SourceDoc, Spec};
-    use sesa_stages::agent::{AgentRun, Episode, PromptTemplate, Role, SOLVER_PROMPT};
+    use sesa_stages::agent::{Episode, Role};
     use sesa_stages::policy::GenerationRequest;
-    use sesa_stages::search::SearchConfig;
-    use sesa_stages::sections::{AgentSection, ModelSection, PromptsSection};
+    use sesa_stages::sections::AgentSetup;
 
     let source = SourceDoc::load(spec_path).map_err(sesa_engine::SpecErrors::from)?;
     let spec = Spec::from_source(&source, registry)?;
-    let needed = |key: &str| anyhow::anyhow!("the spec has no `{key}:` section");
-    let model = spec.section::<ModelSection>().ok_or_else(|| needed("model"))?;
-    let search_config = spec.section::<SearchConfig>().ok_or_else(|| needed("search"))?;
-    let agent = spec.section::<AgentSection>().ok_or_else(|| needed("agent"))?;
-    let prompts = spec.section::<PromptsSection>().ok_or_else(|| needed("prompts"))?;
-    let template = PromptTemplate::load_kind(&prompts.solver, SOLVER_PROMPT)?;
+    let setup = AgentSetup::from_spec(&spec).await?;
+    let template = setup.template(Role::Solver)?;
     let questions = load_questions(questions)?;
-    let search = search_config.open()?;
-    let policy = model.open().await?;
+    let policy = setup.policy.clone();
     let episodes: Vec<Episode> = questions
         .iter()
         .cycle()
@@ -87,14 +81,7 @@ pub async fn bench_rollouts(
             seed: i as u64,
         })
         .collect();
-    let run = AgentRun {
-        role: Role::Solver,
-        policy: policy.as_ref(),
-        search: search.as_ref(),
-        top_k: search_config.top_k,
-        limits: agent.limits(),
-        sampling: agent.sampling,
-    };
+    let run = setup.agent(Role::Solver);
     let clock = Instant::now();
     let results = run.run(&episodes).await?;
     let loop_seconds = clock.elapsed().as_secs_f64();
@@ -109,7 +96,7 @@ pub async fn bench_rollouts(
             context_ids: None,
             max_tokens: trajectory.generated_tokens().max(1),
             stop: Vec::new(),
-            sampling: agent.sampling,
+            sampling: setup.agent.sampling,
             seed: episode.seed,
         })
         .collect();
