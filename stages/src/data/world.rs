@@ -278,10 +278,10 @@ impl World {
             entities.push(Entity { kind: Kind::Organisation, name, facts, role });
         }
         let org_end = entities.len();
-        for person in person_start..person_end {
+        for person in &mut entities[person_start..person_end] {
             if rng.random_bool(0.5) {
                 let employer = rng.random_range(org_start..org_end);
-                entities[person].facts.push((EmployerOf, Object::Entity(employer)));
+                person.facts.push((EmployerOf, Object::Entity(employer)));
             }
         }
         for _ in 0..works {

@@ -226,11 +226,11 @@ fn close_open_tag(text: &mut String, stops: &[String]) -> FinishReason {
     for stop in stops {
         let Some(tag) = stop.strip_prefix("</").and_then(|s| s.strip_suffix('>')) else { continue };
         let opener = format!("<{tag}>");
-        if let Some(open) = text.rfind(&opener) {
-            if !text[open..].contains(stop.as_str()) {
-                text.push_str(stop);
-                return FinishReason::Stop;
-            }
+        if let Some(open) = text.rfind(&opener)
+            && !text[open..].contains(stop.as_str())
+        {
+            text.push_str(stop);
+            return FinishReason::Stop;
         }
     }
     FinishReason::Eos
