@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sesa_stages::data::datasets::load_questions;
-use sesa_stages::search::Bm25Index;
+use sesa_stages::search::{Bm25Index, supporting_title_recall};
 
 /// Runs every question as a query, one at a time (latency) and as one batch on every core
 /// (throughput), and reports recall of the supporting titles when the set has them.
@@ -31,19 +31,7 @@ pub fn bench_index(index: &Path, questions: &Path, k: usize) -> Result<u8> {
     println!("batch throughput  {:.0} queries/s (one batch, every core)", queries.len() as f64 / batch_seconds);
     if questions.iter().any(|q| !q.supporting_titles.is_empty()) {
         for cut in [3, 10].into_iter().filter(|&c| c <= k) {
-            let recall: f64 = questions
-                .iter()
-                .zip(&results)
-                .map(|(q, hits)| {
-                    let found = q
-                        .supporting_titles
-                        .iter()
-                        .filter(|t| hits.iter().take(cut).any(|h| &&h.doc.title == t))
-                        .count();
-                    found as f64 / q.supporting_titles.len().max(1) as f64
-                })
-                .sum::<f64>()
-                / questions.len() as f64;
+            let recall = supporting_title_recall(&questions, &results, cut);
             println!("recall@{cut:<2}         {recall:.4} (supporting titles)");
         }
     }

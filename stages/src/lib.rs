@@ -15,6 +15,7 @@ pub mod agent;
 pub mod data;
 pub mod models;
 pub mod policy;
+mod retry;
 pub mod search;
 pub mod sections;
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{ChatMessage, ChatTemplate, FinishReason, Generation, GenerationRequest, Policy, PolicyError};
+use crate::retry::{Attempt, with_retries};
 
 /// An OpenAI-compatible server, as a spec names it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -90,11 +91,6 @@ struct ChoiceLogprobs {
     token_logprobs: Vec<Option<f32>>,
 }
 
-enum Attempt {
-    Retry(String),
-    GiveUp(String),
-}
-
 impl OpenAiPolicy {
     /// A client for `config`; reads the API key from the named environment variable.
     pub fn new(config: OpenAiConfig) -> Result<OpenAiPolicy, PolicyError> {
@@ -159,39 +155,25 @@ impl OpenAiPolicy {
             "return_tokens_as_token_ids": true,
             "include_stop_str_in_output": true,
         });
-        let mut pause = Duration::from_millis(500);
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let outcome = match self.post("completions", &body).await {
-                Ok(response) => match response.json::<CompletionResponse>().await {
-                    Ok(parsed) => return self.read_choice(parsed, request),
-                    Err(e) => Attempt::GiveUp(format!("the answer is not a completion: {e}")),
-                },
-                Err(attempt) => attempt,
-            };
-            match outcome {
-                Attempt::Retry(message) if attempts <= self.config.retries => {
-                    tracing::warn!(model = %self.config.model, attempt = attempts, "{message}; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                Attempt::Retry(message) | Attempt::GiveUp(message) => {
-                    return Err(PolicyError::Backend { name: self.config.model.clone(), message });
-                }
-            }
-        }
+        let attempt = || async {
+            let response = self.post("completions", &body).await?;
+            let parsed = response
+                .json::<CompletionResponse>()
+                .await
+                .map_err(|e| Attempt::GiveUp(format!("the answer is not a completion: {e}")))?;
+            self.read_choice(parsed, request)
+        };
+        with_retries(self.config.retries, Duration::from_millis(500), &self.config.model, attempt)
+            .await
+            .map_err(|message| PolicyError::Backend { name: self.config.model.clone(), message })
     }
 
-    fn read_choice(
-        &self,
-        response: CompletionResponse,
-        request: &GenerationRequest,
-    ) -> Result<Generation, PolicyError> {
-        let choice = response.choices.into_iter().next().ok_or_else(|| PolicyError::Backend {
-            name: self.config.model.clone(),
-            message: "the completion has no choices".into(),
-        })?;
+    fn read_choice(&self, response: CompletionResponse, request: &GenerationRequest) -> Result<Generation, Attempt> {
+        let choice = response
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| Attempt::GiveUp("the completion has no choices".into()))?;
         let mut text = choice.text;
         let finish = match choice.finish_reason.as_deref() {
             Some("length") => FinishReason::Length,

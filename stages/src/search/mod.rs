@@ -50,6 +50,21 @@ pub struct Hit {
     pub score: f32,
 }
 
+/// Mean fraction of each question's supporting titles found among its top-`k` hits
+/// (questions without supporting titles count as 0). `results` is in question order.
+pub fn supporting_title_recall(questions: &[crate::data::datasets::Question], results: &[Vec<Hit>], k: usize) -> f64 {
+    let total: f64 = questions
+        .iter()
+        .zip(results)
+        .map(|(question, hits)| {
+            let titles = &question.supporting_titles;
+            let found = titles.iter().filter(|t| hits.iter().take(k).any(|h| &&h.doc.title == t)).count();
+            found as f64 / titles.len().max(1) as f64
+        })
+        .sum();
+    total / questions.len().max(1) as f64
+}
+
 /// Why a search failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::corpus::parse_passage;
 use super::{Hit, Search, SearchError};
+use crate::retry::{Attempt, with_retries};
 
 /// Where the retriever is and how patiently to talk to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -74,12 +75,6 @@ pub struct RetrieverClient {
     config: RetrieverConfig,
 }
 
-/// What to do after a failed attempt.
-enum Attempt {
-    Retry(String),
-    GiveUp(String),
-}
-
 impl RetrieverClient {
     /// A client for `config`.
     pub fn new(config: RetrieverConfig) -> Result<RetrieverClient, SearchError> {
@@ -134,24 +129,10 @@ impl Search for RetrieverClient {
             if queries.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut pause = Duration::from_millis(self.config.backoff_ms);
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                match self.attempt(queries, k).await {
-                    Ok(results) => return Ok(results),
-                    Err(Attempt::Retry(message)) if attempts <= self.config.retries => {
-                        tracing::warn!(url = %self.config.url, attempt = attempts, "retriever: {message}; retrying");
-                        tokio::time::sleep(pause).await;
-                        pause *= 2;
-                    }
-                    Err(Attempt::Retry(message)) | Err(Attempt::GiveUp(message)) => {
-                        let message =
-                            if attempts > 1 { format!("{message} (after {attempts} attempts)") } else { message };
-                        return Err(SearchError::Retriever { url: self.config.url.clone(), message });
-                    }
-                }
-            }
+            let pause = Duration::from_millis(self.config.backoff_ms);
+            with_retries(self.config.retries, pause, &self.config.url, || self.attempt(queries, k))
+                .await
+                .map_err(|message| SearchError::Retriever { url: self.config.url.clone(), message })
         })
     }
 }
