@@ -86,6 +86,7 @@ pub async fn bench_rollouts(
             stop: Vec::new(),
             sampling: setup.agent.sampling,
             seed: episode.seed,
+            json_schema: None,
         })
         .collect();
     let clock = Instant::now();

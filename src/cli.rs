@@ -75,6 +75,11 @@ enum Command {
         #[arg(long, default_value = "runs")]
         store: String,
     },
+    /// Inspect a run's skill bank, or check and print skill files.
+    Skills {
+        #[command(subcommand)]
+        command: SkillsCommand,
+    },
     /// Build or query a BM25 search index.
     Index {
         #[command(subcommand)]
@@ -151,6 +156,45 @@ enum ModelCommand {
     },
     /// List the known models and whether they are fetched.
     List,
+}
+
+#[derive(Debug, Subcommand)]
+enum SkillsCommand {
+    /// Print the bank of a run at a version (default: the latest).
+    Show {
+        /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
+        run: String,
+        /// The bank version.
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Skills added and removed between two bank versions of a run, and usage changes.
+    Diff {
+        /// The run.
+        run: String,
+        /// The earlier version.
+        from: u64,
+        /// The later version.
+        to: u64,
+    },
+    /// Write the bank of a run at a version as a skill file (JSON).
+    Export {
+        /// The run.
+        run: String,
+        /// The bank version (default: the latest).
+        #[arg(long)]
+        version: Option<u64>,
+        /// The file to write (default: stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check a skill file (an export, or written by hand) and say how to start a run from it.
+    Import {
+        /// The skill file (JSON or YAML).
+        file: PathBuf,
+    },
+    /// Print the JSON Schema of skill files.
+    Schema,
 }
 
 #[derive(Debug, Subcommand)]
@@ -318,6 +362,16 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             );
             execute(run, progress).await
         }
+        Command::Skills { command } => match command {
+            SkillsCommand::Show { run, version } => crate::skills::show(&run, version).await,
+            SkillsCommand::Diff { run, from, to } => crate::skills::diff(&run, from, to).await,
+            SkillsCommand::Export { run, version, out } => crate::skills::export(&run, version, out.as_deref()).await,
+            SkillsCommand::Import { file } => crate::skills::import(&file),
+            SkillsCommand::Schema => {
+                println!("{}", serde_json::to_string_pretty(&sesa_stages::memory::SkillFile::json_schema())?);
+                Ok(0)
+            }
+        },
         Command::Runs { store } => {
             let root = ArtifactStore::open(&store)?;
             print_runs(&root).await
@@ -494,7 +548,7 @@ async fn print_summary(run: &Run) -> Result<()> {
     Ok(())
 }
 
-fn truncate(text: &str, width: usize) -> String {
+pub(crate) fn truncate(text: &str, width: usize) -> String {
     if text.chars().count() <= width { text.to_string() } else { text.chars().take(width - 1).chain(['…']).collect() }
 }
 
@@ -529,7 +583,7 @@ fn process_alive(pid: u32) -> bool {
 }
 
 /// Splits `runs/<id>` or `s3://bucket/prefix/<id>` into the store root and the run id.
-fn split_run_location(location: &str) -> Result<(String, String)> {
+pub(crate) fn split_run_location(location: &str) -> Result<(String, String)> {
     let trimmed = location.trim_end_matches('/');
     if trimmed.contains("://") {
         let (root, id) = trimmed

@@ -8,5 +8,6 @@ mod ask;
 mod bench;
 mod cli;
 mod logging;
+mod skills;
 
 pub use cli::{main_with, run_cli};

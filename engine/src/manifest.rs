@@ -146,15 +146,16 @@ pub mod layout {
         key.strip_prefix(COMMITS)?.strip_prefix("/step-")?.strip_suffix(".json")?.parse().ok()
     }
 
-    /// Where `table` of `step` is published: hive-partitioned by step.
-    pub fn table(table: &str, step: u64) -> String {
-        format!("tables/{table}/step={step}/part-0.parquet")
+    /// Where `stage` publishes `table` of `step`: hive-partitioned by step, one file per
+    /// writer (a table may have several writers, see `Pipeline`).
+    pub fn table(table: &str, step: u64, stage: &str) -> String {
+        format!("tables/{table}/step={step}/{stage}.parquet")
     }
 
-    /// Where `table` of `step` is staged before the commit. Flat, so that publishing by rename
-    /// leaves no empty directories behind on a local disk.
-    pub fn staging(table: &str, step: u64) -> String {
-        format!("{}{table}.parquet", staging_step_prefix(step))
+    /// Where `stage` stages `table` of `step` before the commit. Flat, so that publishing by
+    /// rename leaves no empty directories behind on a local disk.
+    pub fn staging(table: &str, step: u64, stage: &str) -> String {
+        format!("{}{table}.{stage}.parquet", staging_step_prefix(step))
     }
 
     /// The common prefix of the staged files of `step`.

@@ -13,8 +13,10 @@ use crate::stage::TableSpec;
 
 /// A checked spec with its stage graph: what the engine runs.
 ///
-/// Invariants: the `after:` graph is acyclic, every table has one
-/// writer, and every table a stage reads is written by a stage upstream of it.
+/// Invariants: the `after:` graph is acyclic, the writers of a table agree on its schema, and
+/// every table a stage reads has exactly one writer, upstream of it. A table with several
+/// writers (a log that several stages append to, such as skill events) gets one file per writer
+/// and step, and no stage can read it.
 pub struct Pipeline {
     spec: Spec,
     graph: DiGraph<usize, ()>,
@@ -22,7 +24,7 @@ pub struct Pipeline {
     order: Vec<usize>,
     inputs: Vec<Vec<TableSpec>>,
     outputs: Vec<Vec<TableSpec>>,
-    /// For each table, the index of the stage that writes it.
+    /// For each table, the index of (the first) stage that writes it.
     writers: BTreeMap<String, usize>,
 }
 
@@ -67,18 +69,37 @@ impl Pipeline {
                 writers.entry(table.name.clone()).or_default().push(index);
             }
         }
+        let declared = |table: &str, stage: usize| {
+            outputs[stage].iter().find(|t| t.name == table).map(|t| t.schema.clone()).expect("stage writes table")
+        };
         for (table, stages) in &writers {
-            if stages.len() > 1 {
-                problems.push(SpecError::DuplicateOutput {
+            if stages.iter().any(|&s| declared(table, s) != declared(table, stages[0])) {
+                problems.push(SpecError::ConflictingOutputs {
                     table: table.clone(),
                     stages: stages.iter().map(|&i| names[i].clone()).collect(),
                 });
             }
         }
+        for (reader, tables) in inputs.iter().enumerate() {
+            for table in tables {
+                if let Some(stages) = writers.get(&table.name).filter(|s| s.len() > 1) {
+                    problems.push(SpecError::SharedInput {
+                        location: source.locate(&format!("stages.{}", names[reader])),
+                        stage: names[reader].clone(),
+                        table: table.name.clone(),
+                        writers: stages.iter().map(|&i| names[i].clone()).collect(),
+                    });
+                }
+            }
+        }
+        let shared: Vec<String> = writers.iter().filter(|(_, s)| s.len() > 1).map(|(t, _)| t.clone()).collect();
         let writers: BTreeMap<String, usize> = writers.into_iter().map(|(t, s)| (t, s[0])).collect();
         let acyclic = !problems.iter().any(|p| matches!(p, SpecError::Cycle { .. }));
         for (reader, tables) in inputs.iter().enumerate() {
             for table in tables {
+                if shared.contains(&table.name) {
+                    continue;
+                }
                 let writer = writers.get(&table.name).copied();
                 let upstream = writer.is_some_and(|w| {
                     acyclic && w != reader && has_path_connecting(&graph, nodes[w], nodes[reader], None)
@@ -149,11 +170,6 @@ impl Pipeline {
     /// The stage that writes `table`.
     pub fn writer(&self, table: &str) -> Option<usize> {
         self.writers.get(table).copied()
-    }
-
-    /// Every table with its writer, sorted by table name.
-    pub fn tables(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.writers.iter().map(|(table, &writer)| (table.as_str(), writer))
     }
 
     /// Renders the graph with each stage's kind and schedule; data edges are labelled with the

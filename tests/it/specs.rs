@@ -133,6 +133,46 @@ stages:
 }
 
 #[test]
+fn several_writers_may_append_to_a_table_no_stage_reads() {
+    let text = "\
+name: t
+seed: 1
+steps: 1
+stages:
+  small: {kind: numbers, rows: 2}
+  large: {kind: numbers, rows: 3}
+";
+    assert_eq!(problems(text), "valid");
+    let dir = tempfile::tempdir().unwrap();
+    let spec = write(dir.path(), "spec.yaml", text);
+    let output = run_sesa(&["run", spec.to_str().unwrap(), "--store", "runs"], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let run = crate::support::only_run(&dir.path().join("runs"));
+    let mut files: Vec<String> = std::fs::read_dir(run.join("tables/numbers/step=1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["large.parquet", "small.parquet"]);
+
+    let text =
+        format!("{text}  offsets: {{kind: offsets}}\n  square: {{kind: square, after: [small, large, offsets]}}\n");
+    insta::assert_snapshot!(problems(&text), @"
+    the spec has 1 problem:
+      - [DIR]/spec.yaml:8: stages.square: reads table `numbers`, which several stages write (small, large); only a table with one writer can be read
+    ");
+}
+
+#[test]
+fn stage_names_must_be_usable_as_file_names() {
+    let text = "name: t\nseed: 1\nsteps: 1\nstages:\n  a/b: {kind: numbers, rows: 2}\n";
+    insta::assert_snapshot!(problems(text), @"
+    the spec has 1 problem:
+      - [DIR]/spec.yaml:5: stages.a/b: stage names may only use letters, digits, `_` and `-`
+    ");
+}
+
+#[test]
 fn bad_schedules_say_what_is_allowed() {
     let text = "name: t\nseed: 1\nsteps: 2\nstages:\n  numbers: {kind: numbers, rows: 3, schedule: {every: 0}}\n";
     insta::assert_snapshot!(problems(text), @"

@@ -12,6 +12,7 @@ mod step;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -25,6 +26,7 @@ use crate::registry::Registry;
 use crate::resources::Resources;
 use crate::spec::{SourceDoc, Spec, SpecErrors};
 use crate::store::ArtifactStore;
+use crate::table::decode_parquet;
 
 /// How far a stop request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -293,6 +295,38 @@ impl Run {
         self.store.put(layout::MANIFEST, Bytes::from(json)).await?;
         Ok(())
     }
+}
+
+/// Every committed batch of `table` in run `run_id` under `root`, in step order (within a step,
+/// in the order of the commit record), with the step that wrote it. Read-only: safe while the
+/// run is live, and it sees a committed step whose files are not published yet.
+pub async fn read_table(root: &ArtifactStore, run_id: &str, table: &str) -> Result<Vec<(u64, RecordBatch)>, RunError> {
+    let store = root.scoped(run_id);
+    if !store.exists(layout::MANIFEST).await? {
+        return Err(RunError::NotARun { location: store.describe("") });
+    }
+    let mut steps: Vec<u64> =
+        store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).collect();
+    steps.sort_unstable();
+    let mut batches = Vec::new();
+    for step in steps {
+        let commit = read_commit(&store, step).await?;
+        for file in commit.files.iter().filter(|f| f.table == table) {
+            let bytes = match store.get(&file.path).await? {
+                Some(bytes) => bytes,
+                None => store.get(&file.staging).await?.ok_or_else(|| RunError::Corrupt {
+                    location: store.describe(&file.path),
+                    reason: "committed but missing".into(),
+                })?,
+            };
+            let batch = tokio::task::spawn_blocking(move || decode_parquet(bytes))
+                .await
+                .map_err(|e| RunError::Internal(e.to_string()))?
+                .map_err(|e| RunError::Corrupt { location: store.describe(&file.path), reason: e.to_string() })?;
+            batches.push((step, batch));
+        }
+    }
+    Ok(batches)
 }
 
 async fn read_commit(store: &ArtifactStore, step: u64) -> Result<StepCommit, RunError> {

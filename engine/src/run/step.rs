@@ -137,7 +137,7 @@ async fn run_stage(
                 schedule: writer.schedule.to_string(),
             });
         };
-        let key = layout::table(&table.name, *step);
+        let key = layout::table(&table.name, *step, &job.pipeline.spec().stages[writer].name);
         let bytes = job.store.get(&key).await?.ok_or_else(|| RunError::Corrupt {
             location: job.store.describe(&key),
             reason: "committed but missing".into(),
@@ -192,14 +192,14 @@ async fn run_stage(
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?
             .map_err(|e| RunError::Internal(format!("encoding table `{}` as Parquet: {e}", table.name)))?;
-        let staging = layout::staging(&table.name, job.step);
+        let staging = layout::staging(&table.name, job.step, &instance.name);
         let bytes = encoded.len() as u64;
         job.store.put(&staging, encoded).await?;
         rows.insert(table.name.clone(), batch.num_rows() as u64);
         files.push(CommittedFile {
             table: table.name.clone(),
             staging,
-            path: layout::table(&table.name, job.step),
+            path: layout::table(&table.name, job.step, &instance.name),
             rows: batch.num_rows() as u64,
             bytes,
             fingerprint: fingerprint.clone(),

@@ -103,13 +103,25 @@ pub enum SpecError {
         /// A stage that writes the table but is not upstream, if any.
         producer: Option<String>,
     },
-    /// Two stages write the same table.
-    #[error("table `{table}` is written by more than one stage: {}; give each table one writer", stages.join(", "))]
-    DuplicateOutput {
+    /// Several stages write a table with different schemas.
+    #[error("table `{table}` is written by {} with different columns; writers of one table must declare one schema", stages.join(", "))]
+    ConflictingOutputs {
         /// The table.
         table: String,
         /// The writers.
         stages: Vec<String>,
+    },
+    /// A stage reads a table that several stages write.
+    #[error("{}stages.{stage}: reads table `{table}`, which several stages write ({}); only a table with one writer can be read", WhereFmt(location), writers.join(", "))]
+    SharedInput {
+        /// Where the stage was declared.
+        location: Location,
+        /// The reading stage.
+        stage: String,
+        /// The table.
+        table: String,
+        /// Its writers.
+        writers: Vec<String>,
     },
 }
 

@@ -159,6 +159,16 @@ impl Spec {
                             .push(type_error("stages", format!("stage names must be strings, found {stage_name:?}")));
                         continue;
                     };
+                    // Stage names become file names of the run's tables.
+                    if stage_name.is_empty()
+                        || !stage_name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                    {
+                        problems.push(type_error(
+                            &format!("stages.{stage_name}"),
+                            "stage names may only use letters, digits, `_` and `-`".into(),
+                        ));
+                        continue;
+                    }
                     match parse_stage(stage_name, value, registry, source) {
                         Ok(instance) => stages.push(instance),
                         Err(found) => problems.extend(found),

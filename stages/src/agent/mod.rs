@@ -14,7 +14,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use self::prompt::{
-    JUDGE_PROMPT, PROPOSER_PROMPT, PromptError, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
+    DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptError, PromptKind, PromptTemplate, SOLVER_PROMPT,
+    VERIFIER_PROMPT,
 };
 pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
 use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Sampling};
@@ -292,6 +293,7 @@ impl AgentRun<'_> {
             stop: self.role.stop_strings(),
             sampling: self.sampling,
             seed: turn_seed(episode.seed, turn),
+            json_schema: None,
         }
     }
 }

@@ -44,6 +44,10 @@ pub const JUDGE_PROMPT: PromptKind = PromptKind {
     required: &["question", "golden", "answer"],
 };
 
+/// The distillation judge's prompt: a batch of solver failures and how many skills to write.
+pub const DISTILL_PROMPT: PromptKind =
+    PromptKind { name: "distill", allowed: &["failures", "max_skills"], required: &["failures"] };
+
 /// A problem with a template file.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", path.display())]

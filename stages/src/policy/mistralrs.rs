@@ -232,7 +232,7 @@ impl MistralRsPolicy {
             return_logprobs: false,
             is_streaming: false,
             id: inner.next_request_id(),
-            constraint: Constraint::None,
+            constraint: request.json_schema.clone().map_or(Constraint::None, Constraint::JsonSchema),
             suffix: None,
             tools: None,
             tool_choice: None,

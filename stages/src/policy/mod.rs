@@ -56,6 +56,9 @@ pub struct GenerationRequest {
     /// The seed of this request: the same seed and context give the same continuation,
     /// whatever else is in the batch.
     pub seed: u64,
+    /// A JSON Schema the continuation must satisfy (constrained decoding where the backend
+    /// supports it), or `None` for free text.
+    pub json_schema: Option<serde_json::Value>,
 }
 
 /// Why generation stopped.

@@ -141,7 +141,7 @@ impl OpenAiPolicy {
     }
 
     async fn complete(&self, request: &GenerationRequest) -> Result<Generation, PolicyError> {
-        let body = json!({
+        let mut body = json!({
             "model": self.config.model,
             "prompt": request.context,
             "max_tokens": request.max_tokens,
@@ -155,6 +155,10 @@ impl OpenAiPolicy {
             "return_tokens_as_token_ids": true,
             "include_stop_str_in_output": true,
         });
+        if let Some(schema) = &request.json_schema {
+            body["response_format"] =
+                json!({ "type": "json_schema", "json_schema": { "name": "output", "schema": schema, "strict": true } });
+        }
         let attempt = || async {
             let response = self.post("completions", &body).await?;
             let parsed = response

@@ -73,7 +73,7 @@ pub fn only_run(store: &Path) -> PathBuf {
     runs.into_iter().next().unwrap()
 }
 
-/// Every published table of a run: (table, step) -> batch.
+/// Every published table of a run with one writer per table: (table, step) -> batch.
 pub fn read_tables(run: &Path) -> BTreeMap<(String, u64), RecordBatch> {
     let mut tables = BTreeMap::new();
     let root = run.join("tables");
@@ -88,7 +88,7 @@ pub fn read_tables(run: &Path) -> BTreeMap<(String, u64), RecordBatch> {
             let partition_name = partition.file_name().to_string_lossy().into_owned();
             let step: u64 = partition_name.strip_prefix("step=").unwrap().parse().unwrap();
             let files: Vec<_> = std::fs::read_dir(partition.path()).unwrap().map(|f| f.unwrap().path()).collect();
-            assert_eq!(files.len(), 1, "one part per table and step in {}", partition.path().display());
+            assert_eq!(files.len(), 1, "one writer per table and step in {}", partition.path().display());
             let bytes = bytes::Bytes::from(std::fs::read(&files[0]).unwrap());
             tables.insert((name.clone(), step), sesa_engine::table::decode_parquet(bytes).unwrap());
         }

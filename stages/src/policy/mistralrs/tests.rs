@@ -24,6 +24,7 @@ fn greedy(policy: &MistralRsPolicy, question: &str) -> GenerationRequest {
         stop: vec![],
         sampling: Sampling::GREEDY,
         seed: 0,
+        json_schema: None,
     }
 }
 

@@ -123,6 +123,7 @@ async fn an_unreachable_server_is_named() {
         stop: vec![],
         sampling: Sampling::GREEDY,
         seed: 0,
+        json_schema: None,
     };
     let error = policy.generate(std::slice::from_ref(&request)).await.unwrap_err().to_string();
     assert!(error.contains(&format!("{url}/completions is unreachable")), "{error}");

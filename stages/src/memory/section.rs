@@ -1,0 +1,148 @@
+//! The `memory:` section of a spec: the embedder and the bank's rules.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Section};
+
+use super::bank::{BankConfig, UsageRule};
+use super::embed::{CachedEmbedder, EmbedError, HashedWords, MiniLm};
+use crate::models;
+
+/// Which sentence embedder retrieves and deduplicates skills.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EmbedderConfig {
+    /// A BERT sentence encoder with mean pooling (all-MiniLM-L6-v2 by default).
+    Minilm {
+        /// A known model name (`sesa model list`) or a directory with `model.safetensors`,
+        /// `config.json` and `tokenizer.json`.
+        #[serde(default = "default_embedder_model")]
+        model: String,
+    },
+    /// A test double (hashed bag of words), not a semantic model: for fast tests only.
+    HashedWords {
+        /// Vector size.
+        dimension: usize,
+    },
+}
+
+fn default_embedder_model() -> String {
+    "all-minilm-l6-v2".into()
+}
+
+impl Default for EmbedderConfig {
+    fn default() -> Self {
+        EmbedderConfig::Minilm { model: default_embedder_model() }
+    }
+}
+
+/// The skill memory: embedder, retrieval and the bank's rules (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySection {
+    /// The embedder.
+    #[serde(default)]
+    pub embedder: EmbedderConfig,
+    /// A candidate is a duplicate when its cosine to some skill is above this. The paper's
+    /// 0.93 is for E5; 0.8 is measured for all-MiniLM-L6-v2 (README, "Skill memory").
+    #[serde(default = "defaults::dedup_threshold")]
+    pub dedup_threshold: f32,
+    /// Skills at most (paper: 800).
+    #[serde(default = "defaults::capacity")]
+    pub capacity: usize,
+    /// Skills in the solver's prompt (paper: 3).
+    #[serde(default = "defaults::top_k")]
+    pub top_k: usize,
+    /// Retrievals before a harmful skill can be evicted (paper: 3).
+    #[serde(default = "defaults::evict_min_retrievals")]
+    pub evict_min_retrievals: u64,
+    /// How usage is credited to skills.
+    #[serde(default)]
+    pub usage: UsageRule,
+}
+
+mod defaults {
+    pub fn dedup_threshold() -> f32 {
+        0.8
+    }
+    pub fn capacity() -> usize {
+        800
+    }
+    pub fn top_k() -> usize {
+        3
+    }
+    pub fn evict_min_retrievals() -> u64 {
+        3
+    }
+}
+
+impl Section for MemorySection {
+    const KEY: &'static str = "memory";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        if !(-1.0..=1.0).contains(&self.dedup_threshold) {
+            problems.push(ConfigProblem::new("dedup_threshold", "a cosine similarity, between -1 and 1"));
+        }
+        if self.capacity == 0 {
+            problems.push(ConfigProblem::new("capacity", "must be at least 1"));
+        }
+        if let EmbedderConfig::HashedWords { dimension: 0 } = self.embedder {
+            problems.push(ConfigProblem::new("embedder.dimension", "must be at least 1"));
+        }
+        if let EmbedderConfig::Minilm { model } = &self.embedder
+            && !std::path::Path::new(model).exists()
+            && !models::KNOWN_MODELS.iter().any(|m| m.name == model)
+        {
+            problems.push(ConfigProblem::new(
+                "embedder.model",
+                format!("`{model}` is neither a directory nor a known model (see `sesa model list`)"),
+            ));
+        }
+        problems
+    }
+}
+
+impl MemorySection {
+    /// The dedup threshold a spec gets when it names none.
+    pub fn default_dedup_threshold() -> f32 {
+        defaults::dedup_threshold()
+    }
+
+    /// The bank's rules with every default.
+    pub fn default_bank_config() -> BankConfig {
+        BankConfig {
+            capacity: defaults::capacity(),
+            dedup_threshold: defaults::dedup_threshold(),
+            evict_min_retrievals: defaults::evict_min_retrievals(),
+            usage: UsageRule::default(),
+        }
+    }
+
+    /// The bank's rules.
+    pub fn bank_config(&self) -> BankConfig {
+        BankConfig {
+            capacity: self.capacity,
+            dedup_threshold: self.dedup_threshold,
+            evict_min_retrievals: self.evict_min_retrievals,
+            usage: self.usage,
+        }
+    }
+
+    /// Opens the embedder, fetching a named model it lacks.
+    pub async fn open_embedder(&self) -> Result<CachedEmbedder, EmbedError> {
+        Ok(CachedEmbedder::new(match &self.embedder {
+            EmbedderConfig::Minilm { model } => {
+                let directory = models::resolve_or_fetch(model)
+                    .await
+                    .map_err(|e| EmbedError { name: model.clone(), message: e.to_string() })?;
+                Box::new(
+                    tokio::task::spawn_blocking(move || MiniLm::load(&directory))
+                        .await
+                        .map_err(|e| EmbedError { name: model.clone(), message: e.to_string() })??,
+                )
+            }
+            EmbedderConfig::HashedWords { dimension } => Box::new(HashedWords::new(*dimension)),
+        }))
+    }
+}
