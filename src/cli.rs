@@ -15,6 +15,7 @@ use sesa_stages::agent::Role;
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
+use sesa_stages::selfplay::LoopResources;
 use tokio::sync::watch;
 
 use crate::logging::{self, LogFormat};
@@ -119,6 +120,15 @@ enum Command {
         /// Trajectories in flight together.
         #[arg(long, default_value_t = 32)]
         trajectories: usize,
+    },
+    /// Measure the skill embedder (texts/s, one query's latency) and bank retrieval latency.
+    BenchSkills {
+        /// Questions (FlashRAG JSONL) to embed, e.g. ../shared/data/hotpotqa/questions.jsonl.
+        #[arg(long)]
+        questions: PathBuf,
+        /// Questions to use at most.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
     },
     /// Run one agent episode with a spec's model, search and prompts, and print it.
     Ask {
@@ -345,14 +355,27 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 );
             }
             let root = ArtifactStore::open(&store)?;
+            let resources =
+                LoopResources::open(pipeline.spec()).await.context("opening the run's models and search")?;
             let run = Run::create(&root, pipeline, code_version()).await.context("creating the run")?;
             eprintln!("run {} → {}", run.id(), run.location());
+            let run = match resources {
+                Some(resources) => run.with_resources(|r| resources.install(r)),
+                None => run,
+            };
             execute(run, progress).await
         }
         Command::Resume { run } => {
             let (root, run_id) = split_run_location(&run)?;
             let root = ArtifactStore::open(&root)?;
             let run = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
+            let run = match LoopResources::open(run.pipeline().spec()).await? {
+                Some(resources) => {
+                    resources.restore(&root, &run_id).await.context("restoring the skill memory")?;
+                    run.with_resources(|r| resources.install(r))
+                }
+                None => run,
+            };
             let manifest = run.manifest();
             eprintln!(
                 "resuming run {} at step {} of {}",
@@ -405,6 +428,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         Command::BenchRollouts { spec, questions, trajectories } => {
             crate::bench::bench_rollouts(&spec, &questions, trajectories, registry).await
         }
+        Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
         Command::Ask { text, spec, overrides, role, hops, seed } => {
             let role = match role {
                 AskRole::Solver => Role::Solver,
@@ -493,6 +517,7 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     let outcome = outcome
         .with_context(|| format!("run {} stopped; fix the cause, then `sesa resume {}`", run.id(), run.location()))?;
     print_summary(&run).await?;
+    print_loop_summary(&run).await?;
     match outcome {
         RunOutcome::Completed => {
             println!(
@@ -514,6 +539,62 @@ async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
 }
 
 /// One line per committed step: wall time, then rows per table.
+/// The loop's numbers per step, from `step_metrics` (nothing for runs without it).
+async fn print_loop_summary(run: &Run) -> Result<()> {
+    const COLUMNS: &[(&str, &str)] = &[
+        ("valid_rate", "valid"),
+        ("pass_rate", "verified"),
+        ("solver_success", "success"),
+        ("mean_p_hat", "mean p̂"),
+        ("frontier_share", "frontier"),
+        ("proposer_reward_mean", "prop.rew"),
+        ("bank_size", "bank"),
+        ("queue_length", "queue"),
+        ("tokens", "tokens"),
+    ];
+    let (root, run_id) = split_run_location(&run.location())?;
+    let root = ArtifactStore::open(&root)?;
+    let batches = sesa_engine::read_table(&root, &run_id, "step_metrics").await?;
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let mut steps: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, f64>> = Default::default();
+    for (step, batch) in &batches {
+        let column = |name: &str| batch.column_by_name(name).cloned();
+        let (Some(metrics), Some(values)) = (column("metric"), column("value")) else { continue };
+        let metrics = metrics.as_any().downcast_ref::<arrow_array::StringArray>().context("step_metrics.metric")?;
+        let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().context("step_metrics.value")?;
+        let row = steps.entry(*step).or_default();
+        for (metric, value) in metrics.iter().zip(values.iter()) {
+            let (Some(metric), Some(value)) = (metric, value) else { continue };
+            // Tokens add up over stages; for the rest, the last stage to report wins.
+            if metric == "tokens" {
+                *row.entry(metric.to_string()).or_default() += value;
+            } else {
+                row.insert(metric.to_string(), value);
+            }
+        }
+    }
+    let mut header = format!("{:>6}", "step");
+    for (_, title) in COLUMNS {
+        header.push_str(&format!(" {title:>9}"));
+    }
+    println!("{header}");
+    for (step, row) in &steps {
+        let mut line = format!("{step:>6}");
+        for (metric, _) in COLUMNS {
+            let cell = match row.get(*metric) {
+                Some(value) if value.fract() == 0.0 => format!("{value:.0}"),
+                Some(value) => format!("{value:.3}"),
+                None => "-".into(),
+            };
+            line.push_str(&format!(" {cell:>9}"));
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 async fn print_summary(run: &Run) -> Result<()> {
     let store = ArtifactStore::open(&run.location()).ok();
     let mut commits: Vec<StepCommit> = Vec::new();
@@ -535,12 +616,9 @@ async fn print_summary(run: &Run) -> Result<()> {
     for commit in &commits {
         let mut line = format!("{:>6} {:>9.2}s", commit.step, commit.wall_ms as f64 / 1000.0);
         for table in &tables {
-            let rows = commit
-                .files
-                .iter()
-                .find(|f| &f.table == table)
-                .map(|f| f.rows.to_string())
-                .unwrap_or_else(|| "-".into());
+            let files: Vec<_> = commit.files.iter().filter(|f| &f.table == table).collect();
+            let rows =
+                if files.is_empty() { "-".into() } else { files.iter().map(|f| f.rows).sum::<u64>().to_string() };
             line.push_str(&format!(" {rows:>12}"));
         }
         println!("{line}");

@@ -9,8 +9,7 @@
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //!
-//! Registered so far: the `model:`, `search:`, `agent:`, `prompts:` and `memory:` sections. The
-//! loop's stage kinds land here next.
+//! - `selfplay`: the loop's stage kinds and the resources they share.
 
 pub mod agent;
 pub mod data;
@@ -20,6 +19,7 @@ pub mod policy;
 mod retry;
 pub mod search;
 pub mod sections;
+pub mod selfplay;
 
 use sesa_engine::Registry;
 
@@ -31,6 +31,15 @@ pub fn registry() -> Registry {
         .section::<search::SearchConfig>()
         .section::<sections::AgentSection>()
         .section::<sections::PromptsSection>()
-        .section::<memory::MemorySection>();
+        .section::<memory::MemorySection>()
+        .section::<sections::JudgeSection>()
+        .section::<sections::WorldSection>()
+        .stage::<selfplay::Priming>()
+        .stage::<selfplay::Propose>()
+        .stage::<selfplay::Verify>()
+        .stage::<selfplay::Solve>()
+        .stage::<selfplay::Reward>()
+        .stage::<selfplay::Collect>()
+        .stage::<selfplay::Consolidate>();
     registry
 }

@@ -9,7 +9,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Section};
 
-use crate::agent::{AgentLimits, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT};
+use crate::agent::{
+    AgentLimits, DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT,
+    VERIFIER_PROMPT,
+};
 use crate::models;
 use crate::policy::{MistralRsConfig, MistralRsPolicy, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, Sampling};
 
@@ -74,6 +77,73 @@ impl ModelSection {
             }
             ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone())?)),
         }
+    }
+}
+
+/// The judge: answers the RAG check and judges answers when asked, and distils skills. Any
+/// policy backend; without this section, the policy judges.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct JudgeSection(pub ModelSection);
+
+impl Section for JudgeSection {
+    const KEY: &'static str = "judge";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        self.0.check()
+    }
+}
+
+/// A generated world (`sesa world generate`), created on first use: the contamination-free
+/// corpus, questions and target answers of the quickstart.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorldSection {
+    /// Where the world's files go (`corpus.jsonl`, `questions.jsonl`, `targets.jsonl`).
+    pub dir: PathBuf,
+    /// The world's seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Entities (and so passages).
+    #[serde(default = "default_entities")]
+    pub entities: usize,
+    /// Benchmark questions to generate.
+    #[serde(default = "default_questions")]
+    pub questions: usize,
+}
+
+fn default_entities() -> usize {
+    2000
+}
+
+fn default_questions() -> usize {
+    500
+}
+
+impl Section for WorldSection {
+    const KEY: &'static str = "world";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        if self.entities < 10 {
+            return vec![ConfigProblem::new("entities", "must be at least 10")];
+        }
+        Vec::new()
+    }
+}
+
+impl WorldSection {
+    /// Generates the world into `dir` unless a complete one is there.
+    pub fn ensure(&self) -> Result<(), SetupError> {
+        use crate::data::world::{World, WorldConfig};
+        let complete = ["corpus.jsonl", "questions.jsonl", "targets.jsonl"].iter().all(|f| self.dir.join(f).exists());
+        if complete {
+            return Ok(());
+        }
+        tracing::info!(dir = %self.dir.display(), seed = self.seed, entities = self.entities, "generating the world");
+        let world =
+            World::generate(WorldConfig { seed: self.seed, entities: self.entities, questions: self.questions });
+        world.write(&self.dir).map_err(|e| SetupError::World(format!("{}: {e}", self.dir.display())))?;
+        Ok(())
     }
 }
 
@@ -186,6 +256,15 @@ pub struct PromptsSection {
     /// The proposer's template: `{answer}`, `{hops}`.
     #[serde(default)]
     pub proposer: Option<PathBuf>,
+    /// The RAG verifier's template: `{materials}`, `{question}`.
+    #[serde(default)]
+    pub verifier: Option<PathBuf>,
+    /// The answer judge's template: `{question}`, `{golden}`, `{answer}`.
+    #[serde(default)]
+    pub judge: Option<PathBuf>,
+    /// The distillation judge's template: `{failures}`, `{max_skills}`.
+    #[serde(default)]
+    pub distill: Option<PathBuf>,
 }
 
 impl Section for PromptsSection {
@@ -199,8 +278,15 @@ impl Section for PromptsSection {
             }
         };
         check("solver", &self.solver, SOLVER_PROMPT);
-        if let Some(proposer) = &self.proposer {
-            check("proposer", proposer, PROPOSER_PROMPT);
+        for (key, path, kind) in [
+            ("proposer", &self.proposer, PROPOSER_PROMPT),
+            ("verifier", &self.verifier, VERIFIER_PROMPT),
+            ("judge", &self.judge, JUDGE_PROMPT),
+            ("distill", &self.distill, DISTILL_PROMPT),
+        ] {
+            if let Some(path) = path {
+                check(key, path, kind);
+            }
         }
         problems
     }
@@ -225,6 +311,12 @@ pub enum SetupError {
     /// A prompt template is invalid.
     #[error(transparent)]
     Prompt(#[from] crate::agent::PromptError),
+    /// The skill embedder could not be opened.
+    #[error(transparent)]
+    Embedder(#[from] crate::memory::EmbedError),
+    /// The world could not be generated.
+    #[error("generating the world: {0}")]
+    World(String),
 }
 
 /// Everything an agent episode needs, opened from a spec's `model:`, `search:`, `agent:` and

@@ -3,13 +3,15 @@
 //! Modules: `support` (test-only stage kinds and a way to run `sesa` as a child process),
 //! `specs` (validation errors, extends, overrides), `graph` (rendered graphs), `runs` (run,
 //! resume, SIGKILL crash recovery, Ctrl-C), `s3` (the same on an S3 server), `analysis` (DuckDB over the Parquet output),
-//! `schema` (the checked-in JSON Schema is current), `tools` (world, index and retriever commands).
+//! `schema` (the checked-in JSON Schemas are current), `selfplay` (the SESA loop with a scripted policy),
+//! `tools` (world, index and retriever commands).
 
 mod analysis;
 mod graph;
 mod runs;
 mod s3;
 mod schema;
+mod selfplay;
 mod specs;
 mod support;
 mod tools;

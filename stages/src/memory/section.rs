@@ -59,6 +59,9 @@ pub struct MemorySection {
     /// How usage is credited to skills.
     #[serde(default)]
     pub usage: UsageRule,
+    /// Failures waiting for consolidation at most; the oldest are dropped (paper: 300).
+    #[serde(default = "defaults::queue_capacity")]
+    pub queue_capacity: usize,
 }
 
 mod defaults {
@@ -73,6 +76,9 @@ mod defaults {
     }
     pub fn evict_min_retrievals() -> u64 {
         3
+    }
+    pub fn queue_capacity() -> usize {
+        300
     }
 }
 

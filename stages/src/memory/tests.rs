@@ -203,3 +203,48 @@ fn snapshots_read_back_into_the_same_skills() {
     let back: Vec<(u64, Skill)> = skills_from_batch(&batch).unwrap();
     assert_eq!(back, skills.into_iter().map(|s| (6, s)).collect::<Vec<_>>());
 }
+
+/// Real failures of the SmolLM2 solver on HotpotQA (recorded from `sesa ask`), distilled by the
+/// same small model as judge: the JSON-schema constraint must give well-formed skills.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_local_model_distils_failures_into_well_formed_skills() {
+    let policy = crate::policy::testing::smollm2(1).await;
+    let failures = [
+        FailureRecord {
+            id: "f1-0-0".into(),
+            question: "Which magazine was started first, Arthur's Magazine or First for Women?".into(),
+            target: "Arthur's Magazine".into(),
+            predicted: Some("First for Women".into()),
+            skill_ids: vec![],
+            digest: "searched \"Arthur's Magazine First for Women started\"; answered from one passage about First for Women".into(),
+        },
+        FailureRecord {
+            id: "f1-1-0".into(),
+            question: "The director of the romantic comedy \"Big Stone Gap\" is based in what New York city?".into(),
+            target: "Greenwich Village, New York City".into(),
+            predicted: Some("Big Stone Gap".into()),
+            skill_ids: vec!["seed-02".into()],
+            digest: "searched \"Big Stone Gap\"; answered with the film's title instead of the director's city".into(),
+        },
+    ];
+    let template = crate::agent::PromptTemplate::load_kind(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/prompts/distill.yaml"),
+        crate::agent::DISTILL_PROMPT,
+    )
+    .unwrap();
+    let distiller = Distiller {
+        policy: &policy,
+        template: &template,
+        max_skills: 1,
+        max_tokens: 320,
+        sampling: crate::policy::Sampling::GREEDY,
+    };
+    let batches: [&[FailureRecord]; 1] = [&failures];
+    let distilled = distiller.distill(&batches, &[7]).await.unwrap();
+    eprintln!("{distilled:#?}");
+    let out = &distilled[0];
+    assert_eq!(out.malformed, Vec::<String>::new());
+    assert_eq!(out.candidates.len(), 1);
+    let skill = &out.candidates[0];
+    assert_eq!(skill.sanitized().as_ref(), Some(skill), "candidates come out sanitised");
+}

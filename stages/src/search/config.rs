@@ -32,6 +32,9 @@ pub enum Backend {
     Bm25 {
         /// The index directory.
         index: PathBuf,
+        /// A corpus (Search-R1 JSONL) to build the index from when it does not exist yet.
+        #[serde(default)]
+        corpus: Option<PathBuf>,
     },
     /// A Search-R1 retriever server.
     Retriever(RetrieverConfig),
@@ -58,11 +61,22 @@ impl Section for SearchConfig {
 }
 
 impl SearchConfig {
+    /// Opens the backend, first building a missing BM25 index from the configured corpus.
+    pub fn open_or_build(&self) -> Result<Arc<dyn Search>, SearchError> {
+        if let Backend::Bm25 { index, corpus: Some(corpus) } = &self.backend
+            && !index.exists()
+        {
+            tracing::info!(corpus = %corpus.display(), index = %index.display(), "building the search index");
+            Bm25Index::build(corpus, index, |_| {})?;
+        }
+        self.open()
+    }
+
     /// Opens the backend. The index is opened (not built): a missing index is an error that
     /// says how to build it.
     pub fn open(&self) -> Result<Arc<dyn Search>, SearchError> {
         Ok(match &self.backend {
-            Backend::Bm25 { index } => Arc::new(Arc::new(Bm25Index::open(index)?)),
+            Backend::Bm25 { index, .. } => Arc::new(Arc::new(Bm25Index::open(index)?)),
             Backend::Retriever(config) => Arc::new(RetrieverClient::new(config.clone())?),
         })
     }

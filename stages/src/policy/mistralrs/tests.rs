@@ -5,16 +5,9 @@ use std::sync::Arc;
 
 use super::MistralRsPolicy;
 use crate::agent::{AgentLimits, AgentRun, Episode, PromptTemplate, Role, SOLVER_PROMPT};
-use crate::models;
+use crate::policy::testing::smollm2;
 use crate::policy::{ChatMessage, GenerationRequest, Policy, Sampling};
 use crate::search::testing::SharedPack;
-
-async fn smollm2(instances: usize) -> MistralRsPolicy {
-    let home = models::sesa_home();
-    let directory =
-        tokio::task::spawn_blocking(move || models::fetch(&home, "smollm2-135m-instruct")).await.unwrap().unwrap();
-    MistralRsPolicy::load(&directory.join("SmolLM2-135M-Instruct.Q4_1.gguf"), instances).await.unwrap()
-}
 
 fn greedy(policy: &MistralRsPolicy, question: &str) -> GenerationRequest {
     GenerationRequest {

@@ -1,0 +1,18 @@
+//! The SESA loop: the stage kinds `priming`, `propose`, `verify`, `solve`, `reward`, `collect`
+//! and `consolidate`, the rules they apply, and the resources they share in a run.
+//!
+//! A step flows as tables: `proposals` → `verifications` → `rollouts` → `rewards` →
+//! `failures`; the bank's history goes to `skills` (a snapshot per version) and `skill_events`,
+//! and every stage appends its numbers to `step_metrics`. Only `solve` retrieves skills: the
+//! proposer's prompt has no `{skills}` placeholder and `propose` never asks for the memory.
+
+mod columns;
+mod resources;
+mod rules;
+mod stages;
+
+pub use self::resources::{LoopResources, PooledQuestion, SelfPlay, SkillMemory, Templates};
+pub use self::rules::{
+    FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
+};
+pub use self::stages::{Collect, Consolidate, Priming, Propose, Reward, Solve, Verify, metrics_batch};

@@ -1,0 +1,260 @@
+//! What the loop's stages share in a run, opened once from the spec's sections: the policy,
+//! search, templates and judge ([`SelfPlay`]), and the skill memory ([`SkillMemory`]) when the
+//! spec has a `memory:` section. Their state (bank, failure queue, reuse pool) lives in memory
+//! during a run and is rebuilt from the run's tables when it resumes.
+
+use std::sync::{Arc, Mutex};
+
+use sesa_engine::spec::Spec;
+use sesa_engine::{ArtifactStore, Resources, RunError, read_table};
+
+use super::columns::Reader;
+use super::rules::FailureQueue;
+use crate::agent::{
+    DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
+};
+use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, SkillBank, skills_from_batch};
+use crate::policy::Policy;
+use crate::search::{Search, SearchConfig};
+use crate::sections::{AgentSection, JudgeSection, ModelSection, PromptsSection, SetupError, WorldSection};
+
+/// The prompt templates of the loop, loaded and checked.
+pub struct Templates {
+    /// The solver's.
+    pub solver: PromptTemplate,
+    /// The proposer's.
+    pub proposer: Option<PromptTemplate>,
+    /// The RAG verifier's.
+    pub verifier: Option<PromptTemplate>,
+    /// The answer judge's.
+    pub judge: Option<PromptTemplate>,
+    /// The distillation judge's.
+    pub distill: Option<PromptTemplate>,
+}
+
+impl Templates {
+    fn load(prompts: &PromptsSection) -> Result<Templates, SetupError> {
+        let optional = |path: &Option<std::path::PathBuf>, kind: PromptKind| {
+            path.as_ref().map(|p| PromptTemplate::load_kind(p, kind)).transpose()
+        };
+        Ok(Templates {
+            solver: PromptTemplate::load_kind(&prompts.solver, SOLVER_PROMPT)?,
+            proposer: optional(&prompts.proposer, PROPOSER_PROMPT)?,
+            verifier: optional(&prompts.verifier, VERIFIER_PROMPT)?,
+            judge: optional(&prompts.judge, JUDGE_PROMPT)?,
+            distill: optional(&prompts.distill, DISTILL_PROMPT)?,
+        })
+    }
+
+    /// A template the spec must name for a stage to run.
+    pub fn require<'a>(
+        template: &'a Option<PromptTemplate>,
+        key: &str,
+    ) -> Result<&'a PromptTemplate, sesa_engine::StageError> {
+        template.as_ref().ok_or_else(|| {
+            sesa_engine::StageError::Failed(format!("the spec's `prompts:` section needs a `{key}` template"))
+        })
+    }
+}
+
+/// A question the solver already faced, kept for SSP's `reuse` of invalid proposals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PooledQuestion {
+    /// The step that accepted it.
+    pub step: u64,
+    /// The question.
+    pub question: String,
+    /// Its answer.
+    pub target: String,
+}
+
+/// The policy, search and templates of the loop.
+pub struct SelfPlay {
+    /// The policy (proposer and solver share it, as in SSP).
+    pub policy: Arc<dyn Policy>,
+    /// The judge (`judge:`), when the spec names one; stages fall back to the policy.
+    pub judge: Option<Arc<dyn Policy>>,
+    /// The search tool.
+    pub search: Arc<dyn Search>,
+    /// Passages per search.
+    pub top_k: usize,
+    /// Budgets and sampling.
+    pub agent: AgentSection,
+    /// Prompt templates.
+    pub templates: Templates,
+    /// Accepted questions for the `reuse` strategy.
+    pub pool: Mutex<Vec<PooledQuestion>>,
+}
+
+impl SelfPlay {
+    /// The judge, or the policy when the spec names no judge.
+    pub fn judge_or_policy(&self) -> &dyn Policy {
+        self.judge.as_deref().unwrap_or(self.policy.as_ref())
+    }
+}
+
+/// The skill memory of a run: the bank, the embedder and the failures waiting for
+/// consolidation. Only the solver's stages use it (see the module docs of `memory`).
+pub struct SkillMemory {
+    /// The bank.
+    pub bank: Mutex<SkillBank>,
+    /// The embedder, cached by text.
+    pub embedder: CachedEmbedder,
+    /// Skills per question in the solver's prompt.
+    pub top_k: usize,
+    /// Failures waiting for consolidation.
+    pub queue: Mutex<FailureQueue>,
+}
+
+/// The loop's resources, before they are handed to the engine.
+pub struct LoopResources {
+    selfplay: Arc<SelfPlay>,
+    memory: Option<Arc<SkillMemory>>,
+}
+
+impl LoopResources {
+    /// Opens everything the spec's sections describe: generates the world and builds the index
+    /// if they are missing, fetches and loads models. `None` when the spec has no `model:`
+    /// section (nothing of the loop to run).
+    pub async fn open(spec: &Spec) -> Result<Option<LoopResources>, SetupError> {
+        let Some(model) = spec.section::<ModelSection>() else {
+            return Ok(None);
+        };
+        if let Some(world) = spec.section::<WorldSection>() {
+            world.ensure()?;
+        }
+        let search = spec.section::<SearchConfig>().ok_or(SetupError::MissingSection("search"))?;
+        let agent = spec.section::<AgentSection>().ok_or(SetupError::MissingSection("agent"))?;
+        let prompts = spec.section::<PromptsSection>().ok_or(SetupError::MissingSection("prompts"))?;
+        let search_tool = search.open_or_build()?;
+        let policy = model.open().await?;
+        let judge = match spec.section::<JudgeSection>() {
+            Some(judge) => Some(judge.0.open().await?),
+            None => None,
+        };
+        let memory = match spec.section::<MemorySection>() {
+            Some(section) => Some(Arc::new(SkillMemory {
+                bank: Mutex::new(SkillBank::new(section.bank_config())),
+                embedder: section.open_embedder().await?,
+                top_k: section.top_k,
+                queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
+            })),
+            None => None,
+        };
+        let selfplay = SelfPlay {
+            policy,
+            judge,
+            search: search_tool,
+            top_k: search.top_k,
+            agent: (*agent).clone(),
+            templates: Templates::load(&prompts)?,
+            pool: Mutex::new(Vec::new()),
+        };
+        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory }))
+    }
+
+    /// Rebuilds the state of a run being resumed from its committed tables: the bank from its
+    /// last snapshot, the failure queue by replaying collections and consolidations, the reuse
+    /// pool from the verifications (the verify stage drops what its clearing interval expired).
+    pub async fn restore(&self, root: &ArtifactStore, run_id: &str) -> Result<(), RunError> {
+        let corrupt = |e: String| RunError::Corrupt { location: format!("run {run_id}"), reason: e };
+        if let Some(memory) = &self.memory {
+            let snapshots = read_table(root, run_id, "skills").await?;
+            let mut latest: Option<(u64, Vec<crate::memory::Skill>)> = None;
+            for (_, batch) in &snapshots {
+                for (version, skill) in skills_from_batch(batch).map_err(|e| corrupt(e.to_string()))? {
+                    match &mut latest {
+                        Some((v, skills)) if *v == version => skills.push(skill),
+                        Some((v, _)) if *v > version => {}
+                        _ => latest = Some((version, vec![skill])),
+                    }
+                }
+            }
+            if let Some((version, skills)) = latest {
+                let texts: Vec<String> = skills.iter().map(|s| s.text.embedding_text()).collect();
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let vectors = memory.embedder.embed(&refs).map_err(|e| corrupt(e.to_string()))?;
+                let mut bank = memory.bank.lock().expect("bank lock");
+                *bank = SkillBank::restore(bank.config().clone(), skills, vectors, version);
+            }
+            let mut failures = read_table(root, run_id, "failures").await?;
+            let consolidations = read_table(root, run_id, "consolidations").await?;
+            let mut queue = memory.queue.lock().expect("queue lock");
+            let mut consumed_at = std::collections::BTreeMap::new();
+            for (step, batch) in &consolidations {
+                let reader = Reader::new("consolidations", batch);
+                let ids: Vec<String> =
+                    reader.strs("failure_ids").map_err(|e| corrupt(e.to_string()))?.into_iter().flatten().collect();
+                consumed_at.entry(*step).or_insert_with(Vec::new).extend(ids);
+            }
+            failures.sort_by_key(|(step, _)| *step);
+            let mut steps: Vec<u64> = failures.iter().map(|(s, _)| *s).chain(consumed_at.keys().copied()).collect();
+            steps.sort_unstable();
+            steps.dedup();
+            for step in steps {
+                for (_, batch) in failures.iter().filter(|(s, _)| *s == step) {
+                    for record in failure_records(batch).map_err(|e| corrupt(e.to_string()))? {
+                        queue.push(record);
+                    }
+                }
+                if let Some(ids) = consumed_at.get(&step) {
+                    queue.remove(ids);
+                }
+            }
+        }
+        let mut pool = self.selfplay.pool.lock().expect("pool lock");
+        for (step, batch) in read_table(root, run_id, "verifications").await? {
+            pool.extend(pooled(step, &batch).map_err(|e| corrupt(e.to_string()))?);
+        }
+        Ok(())
+    }
+
+    /// Hands the resources to a run.
+    pub fn install(self, resources: &mut Resources) {
+        resources.insert(self.selfplay);
+        if let Some(memory) = self.memory {
+            resources.insert(memory);
+        }
+    }
+}
+
+/// The first step whose accepted questions are still in the reuse pool at `step`: the pool is
+/// emptied at the start of steps 1, k + 1, 2k + 1, ...
+pub fn pool_start(step: u64, interval: u64) -> u64 {
+    if step == 0 || interval == 0 { step } else { (step - 1) / interval * interval + 1 }
+}
+
+/// The accepted questions of the `verifications` batch of `step`.
+pub fn pooled(step: u64, batch: &arrow_array::RecordBatch) -> Result<Vec<PooledQuestion>, sesa_engine::StageError> {
+    let reader = Reader::new("verifications", batch);
+    let accepted = reader.bool("accepted")?;
+    let questions = reader.opt_str("question")?;
+    let targets = reader.str("target")?;
+    Ok((0..reader.rows())
+        .filter(|&i| accepted[i])
+        .filter_map(|i| {
+            questions[i].map(|q| PooledQuestion { step, question: q.to_string(), target: targets[i].to_string() })
+        })
+        .collect())
+}
+
+/// The failure records of a `failures` batch.
+pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRecord>, sesa_engine::StageError> {
+    let reader = Reader::new("failures", batch);
+    let ids = reader.str("failure_id")?;
+    let questions = reader.str("question")?;
+    let targets = reader.str("target")?;
+    let predicted = reader.opt_str("predicted")?;
+    let skills = reader.strs("skill_ids")?;
+    let digests = reader.str("digest")?;
+    Ok((0..reader.rows())
+        .map(|i| FailureRecord {
+            id: ids[i].to_string(),
+            question: questions[i].to_string(),
+            target: targets[i].to_string(),
+            predicted: predicted[i].map(str::to_string),
+            skill_ids: skills[i].clone(),
+            digest: digests[i].to_string(),
+        })
+        .collect())
+}

@@ -1,0 +1,247 @@
+//! The rules of self-play as pure functions: question validity (SSP §4.3), solver reward with
+//! the anti-spam rule (§4.2), proposer reward shapes (SSP's adversarial and intermediate, SESA's
+//! frontier), the failure queue, and reading verifier and judge replies.
+
+use std::collections::VecDeque;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::data::metrics::exact_match;
+use crate::memory::FailureRecord;
+
+/// The rule-based checks of a proposed question (SSP §4.3; the RAG check is the verify stage).
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ValidityRules {
+    /// Characters at least (SSP: 10).
+    #[serde(default = "defaults::min_chars")]
+    pub min_chars: usize,
+    /// Characters at most (SSP: 1000).
+    #[serde(default = "defaults::max_chars")]
+    pub max_chars: usize,
+    /// Words at least (SSP: 10).
+    #[serde(default = "defaults::min_words")]
+    pub min_words: usize,
+    /// Distinct searches the proposer must have made (SSP: 2).
+    #[serde(default = "defaults::min_searches")]
+    pub min_searches: usize,
+}
+
+mod defaults {
+    pub fn min_chars() -> usize {
+        10
+    }
+    pub fn max_chars() -> usize {
+        1000
+    }
+    pub fn min_words() -> usize {
+        10
+    }
+    pub fn min_searches() -> usize {
+        2
+    }
+}
+
+impl Default for ValidityRules {
+    fn default() -> Self {
+        ValidityRules {
+            min_chars: defaults::min_chars(),
+            max_chars: defaults::max_chars(),
+            min_words: defaults::min_words(),
+            min_searches: defaults::min_searches(),
+        }
+    }
+}
+
+impl ValidityRules {
+    /// The question, cleaned of stray answer tags, or why it is invalid. `question` is the
+    /// proposer's first `<question>` (`None`: it wrote none).
+    pub fn check(
+        &self,
+        question: Option<&str>,
+        target: &str,
+        searches: &[&str],
+        materials: &str,
+    ) -> Result<String, String> {
+        let Some(question) = question else {
+            return Err("no <question> in the proposer's output".into());
+        };
+        let question = question.replace("<answer>", "").replace("</answer>", "");
+        let question = question.trim().trim_end_matches("</answer").trim_end_matches("</").trim().to_string();
+        let chars = question.chars().count();
+        if chars < self.min_chars || chars > self.max_chars {
+            return Err(format!("{chars} characters, outside {}..={}", self.min_chars, self.max_chars));
+        }
+        let words = question.split_whitespace().count();
+        if words < self.min_words {
+            return Err(format!("{words} words, fewer than {}", self.min_words));
+        }
+        if question.to_lowercase().contains(&target.to_lowercase()) {
+            return Err("the question contains the answer".into());
+        }
+        if materials.trim().is_empty() {
+            return Err("no retrieved materials".into());
+        }
+        let mut distinct: Vec<&str> = searches.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() < searches.len() {
+            return Err("repeated search queries".into());
+        }
+        if searches.len() < self.min_searches {
+            return Err(format!("{} searches, fewer than {}", searches.len(), self.min_searches));
+        }
+        Ok(question)
+    }
+}
+
+/// More answer tags than this in a correct response score [`SPAM_REWARD`] (SSP §4.2).
+pub const SPAM_TAGS: usize = 10;
+/// The reward of a correct but tag-spamming response.
+pub const SPAM_REWARD: f64 = 0.25;
+
+/// The solver's reward: 0 without an answer; 1 on exact match, or when the judge (asked only
+/// after a miss) says correct; 0.25 instead of 1 when the response spams answer tags.
+pub fn solver_reward(response: &str, answer: Option<&str>, golds: &[String], judged_correct: Option<bool>) -> f64 {
+    let Some(answer) = answer else {
+        return 0.0;
+    };
+    let correct = exact_match(answer, golds) > 0.0 || judged_correct == Some(true);
+    if !correct {
+        return 0.0;
+    }
+    let tags = response.matches("<answer>").count().max(response.matches("</answer>").count());
+    if tags > SPAM_TAGS { SPAM_REWARD } else { 1.0 }
+}
+
+/// How the proposer is rewarded for a question whose solver success rate is p̂.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProposerReward {
+    /// SSP: 1 − p̂.
+    Adversarial,
+    /// SESA: −λ at p̂ ∈ {0, 1}, else 4(ℓ + p̂)(h − p̂).
+    Frontier {
+        /// The endpoint penalty λ > 0.
+        lambda: f64,
+        /// ℓ.
+        #[serde(default)]
+        low: f64,
+        /// h.
+        #[serde(default = "one")]
+        high: f64,
+    },
+    /// SSP's `intermediate_difficulty`: 4(left + p̂)(right − p̂) inside (0, 1), else 0.
+    Intermediate {
+        /// left.
+        #[serde(default)]
+        left: f64,
+        /// right.
+        #[serde(default = "one")]
+        right: f64,
+    },
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl ProposerReward {
+    /// The reward at success rate `p`.
+    pub fn reward(&self, p: f64) -> f64 {
+        let interior = p > 0.0 && p < 1.0;
+        match *self {
+            ProposerReward::Adversarial => 1.0 - p,
+            ProposerReward::Frontier { lambda, low, high } => {
+                if interior {
+                    4.0 * (low + p) * (high - p)
+                } else {
+                    -lambda
+                }
+            }
+            ProposerReward::Intermediate { left, right } => {
+                if interior {
+                    4.0 * (left + p) * (right - p)
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+/// Failures waiting for consolidation: at most `capacity`, the oldest dropped first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureQueue {
+    capacity: usize,
+    records: VecDeque<FailureRecord>,
+    dropped: u64,
+}
+
+impl FailureQueue {
+    /// An empty queue.
+    pub fn new(capacity: usize) -> FailureQueue {
+        FailureQueue { capacity, records: VecDeque::new(), dropped: 0 }
+    }
+
+    /// Adds a record, dropping the oldest when full.
+    pub fn push(&mut self, record: FailureRecord) {
+        if self.capacity == 0 {
+            self.dropped += 1;
+            return;
+        }
+        if self.records.len() == self.capacity {
+            self.records.pop_front();
+            self.dropped += 1;
+        }
+        self.records.push_back(record);
+    }
+
+    /// Removes the records with these ids (consumed by a consolidation).
+    pub fn remove(&mut self, ids: &[String]) {
+        self.records.retain(|r| !ids.contains(&r.id));
+    }
+
+    /// The queued records, oldest first.
+    pub fn records(&self) -> impl Iterator<Item = &FailureRecord> {
+        self.records.iter()
+    }
+
+    /// Records queued.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether none are queued.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records dropped for want of room, since the run began.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+/// The verifier's answer in its reply: the rest of the line after the first `Answer:`
+/// (any case, ASCII or full-width colon), else the whole reply (SSP §2.6).
+pub fn verifier_answer(reply: &str) -> String {
+    let lower = reply.to_lowercase();
+    if let Some(at) = lower.find("answer") {
+        let rest = &reply[at + "answer".len()..];
+        let rest = rest.strip_prefix(':').or_else(|| rest.strip_prefix('：')).unwrap_or(rest);
+        return rest.trim_start().lines().next().unwrap_or_default().trim().to_string();
+    }
+    reply.trim().to_string()
+}
+
+/// Whether a judge's reply says "correct". Unlike SSP's substring test, "incorrect" and "not
+/// correct" are not correct (ssp-protocol §7.8).
+pub fn judge_says_correct(reply: &str) -> bool {
+    let reply = reply.to_lowercase();
+    reply.contains("correct") && !reply.contains("incorrect") && !reply.contains("not correct")
+}
+
+#[cfg(test)]
+mod tests;

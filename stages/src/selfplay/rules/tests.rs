@@ -1,0 +1,92 @@
+use super::*;
+
+fn failure(id: &str) -> FailureRecord {
+    FailureRecord {
+        id: id.into(),
+        question: "q".into(),
+        target: "t".into(),
+        predicted: None,
+        skill_ids: Vec::new(),
+        digest: String::new(),
+    }
+}
+
+#[test]
+fn frontier_reward_has_exact_values() {
+    let shape = ProposerReward::Frontier { lambda: 0.5, low: 0.0, high: 1.0 };
+    let values: Vec<f64> = [0.0, 0.2, 0.5, 0.8, 1.0].iter().map(|&p| shape.reward(p)).collect();
+    assert_eq!(values, [-0.5, 4.0 * 0.2 * 0.8, 1.0, 4.0 * 0.8 * 0.2, -0.5]);
+    let shifted = ProposerReward::Frontier { lambda: 1.0, low: 0.1, high: 0.9 };
+    assert_eq!(shifted.reward(0.4), 4.0 * 0.5 * 0.5);
+}
+
+#[test]
+fn adversarial_and_intermediate_rewards_have_exact_values() {
+    let adversarial: Vec<f64> = [0.0, 0.2, 1.0].iter().map(|&p| ProposerReward::Adversarial.reward(p)).collect();
+    assert_eq!(adversarial, [1.0, 0.8, 0.0]);
+    let shape = ProposerReward::Intermediate { left: 0.0, right: 1.0 };
+    let intermediate: Vec<f64> = [0.0, 0.5, 1.0].iter().map(|&p| shape.reward(p)).collect();
+    assert_eq!(intermediate, [0.0, 1.0, 0.0]);
+}
+
+#[test]
+fn solver_reward_is_em_then_judge_with_the_anti_spam_rule() {
+    let golds = vec!["Paris".to_string()];
+    assert_eq!(solver_reward("", None, &golds, Some(true)), 0.0);
+    assert_eq!(solver_reward("<answer>the Paris</answer>", Some("the Paris"), &golds, None), 1.0);
+    assert_eq!(solver_reward("<answer>Lyon</answer>", Some("Lyon"), &golds, None), 0.0);
+    assert_eq!(solver_reward("<answer>City of Paris</answer>", Some("City of Paris"), &golds, Some(true)), 1.0);
+    let spam = "<answer>x</answer>".repeat(11) + "<answer>Paris</answer>";
+    assert_eq!(solver_reward(&spam, Some("Paris"), &golds, None), 0.25);
+    let ten = "<answer>x</answer>".repeat(9) + "<answer>Paris</answer>";
+    assert_eq!(solver_reward(&ten, Some("Paris"), &golds, None), 1.0);
+}
+
+#[test]
+fn validity_rules_name_the_reason() {
+    let rules = ValidityRules::default();
+    let long = "Which city was the birthplace of the person who founded the company that built it?";
+    let check = |q: Option<&str>, target: &str, searches: &[&str], materials: &str| {
+        rules.check(q, target, searches, materials).map_err(|e| e.to_string())
+    };
+    assert_eq!(check(Some(long), "Orla", &["a", "b"], "m"), Ok(long.to_string()));
+    assert_eq!(
+        check(Some(&format!(" <answer>{long}</answer")), "Orla", &["a", "b"], "m"),
+        Ok(long.to_string()),
+        "stray answer tags are stripped"
+    );
+    assert_eq!(check(None, "Orla", &["a", "b"], "m"), Err("no <question> in the proposer's output".into()));
+    assert_eq!(check(Some("Too short?"), "Orla", &["a", "b"], "m"), Err("2 words, fewer than 10".into()));
+    assert_eq!(check(Some("Short"), "Orla", &["a", "b"], "m"), Err("5 characters, outside 10..=1000".into()));
+    assert_eq!(
+        check(Some(&format!("{long} Is it orla?")), "Orla", &["a", "b"], "m"),
+        Err("the question contains the answer".into())
+    );
+    assert_eq!(check(Some(long), "Orla", &["a", "b"], " \n"), Err("no retrieved materials".into()));
+    assert_eq!(check(Some(long), "Orla", &["a", "a"], "m"), Err("repeated search queries".into()));
+    assert_eq!(check(Some(long), "Orla", &["a"], "m"), Err("1 searches, fewer than 2".into()));
+}
+
+#[test]
+fn the_queue_never_exceeds_capacity_and_counts_drops() {
+    let mut queue = FailureQueue::new(3);
+    for i in 0..5 {
+        queue.push(failure(&format!("f{i}")));
+        assert!(queue.len() <= 3);
+    }
+    let ids: Vec<&str> = queue.records().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["f2", "f3", "f4"]);
+    assert_eq!(queue.dropped(), 2);
+    queue.remove(&["f3".to_string()]);
+    assert_eq!(queue.len(), 2);
+}
+
+#[test]
+fn verifier_and_judge_replies_are_read_like_ssp_minus_its_traps() {
+    assert_eq!(verifier_answer("The materials say so. Answer: Orla\nmore"), "Orla");
+    assert_eq!(verifier_answer("answer：Orla"), "Orla");
+    assert_eq!(verifier_answer("Orla"), "Orla");
+    assert!(judge_says_correct("Correct"));
+    assert!(!judge_says_correct("Incorrect"));
+    assert!(!judge_says_correct("Wrong"));
+}

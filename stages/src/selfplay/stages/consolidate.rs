@@ -1,0 +1,201 @@
+//! `consolidate`: when the pending queue holds enough failures, a judge distils them into
+//! candidate skills, which are deduplicated against the bank and admitted; harmful skills are
+//! evicted; the bank gets a new version.
+
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
+use crate::memory::{Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, skills_batch};
+use crate::policy::Sampling;
+use crate::selfplay::columns::{Columns, schema_of};
+use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
+
+/// The config of `consolidate`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsolidateConfig {
+    /// Queued failures needed to distil (paper: 20).
+    #[serde(default = "twenty")]
+    pub min_failures: usize,
+    /// Failures per judge call.
+    #[serde(default = "ten")]
+    pub batch: usize,
+    /// Skills per judge call at most.
+    #[serde(default = "three")]
+    pub max_skills: usize,
+    /// Tokens per judge call at most.
+    #[serde(default = "tokens")]
+    pub max_tokens: usize,
+}
+
+fn twenty() -> usize {
+    20
+}
+fn ten() -> usize {
+    10
+}
+fn three() -> usize {
+    3
+}
+fn tokens() -> usize {
+    768
+}
+
+/// Distils, deduplicates, evicts.
+pub struct Consolidate {
+    config: ConsolidateConfig,
+}
+
+/// What one consolidation did, a row of `consolidations` (also how a resumed run knows which
+/// failures left the queue).
+struct Consolidation {
+    failure_ids: Vec<String>,
+    candidates: u64,
+    added: u64,
+    duplicates: u64,
+    malformed: u64,
+    evicted: u64,
+}
+
+fn consolidations_batch(rows: &[Consolidation]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .strs("failure_ids", rows.iter().map(|r| r.failure_ids.iter().map(String::as_str)))
+        .u64("candidates", rows.iter().map(|r| r.candidates))
+        .u64("added", rows.iter().map(|r| r.added))
+        .u64("duplicates", rows.iter().map(|r| r.duplicates))
+        .u64("malformed", rows.iter().map(|r| r.malformed))
+        .u64("evicted", rows.iter().map(|r| r.evicted))
+        .finish()
+}
+
+impl Stage for Consolidate {
+    const KIND: &'static str = "consolidate";
+    const ABOUT: &'static str =
+        "distil queued failures into skills with a judge, deduplicate, evict; a new bank version";
+    type Config = ConsolidateConfig;
+
+    fn new(config: ConsolidateConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems = Vec::new();
+        for (key, value) in
+            [("batch", config.batch), ("max_skills", config.max_skills), ("max_tokens", config.max_tokens)]
+        {
+            if value == 0 {
+                problems.push(ConfigProblem::new(key, "must be at least 1"));
+            }
+        }
+        if problems.is_empty() { Ok(Consolidate { config }) } else { Err(problems) }
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![
+            skills_table(),
+            skill_events_table(),
+            TableSpec::new("consolidations", schema_of(|| consolidations_batch(&[]))),
+            metrics_table(),
+        ]
+    }
+
+    async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let memory = cx
+            .resource::<SkillMemory>()
+            .map_err(|_| failed("consolidate", "the spec has no `memory:` section to consolidate into"))?;
+        let queued: Vec<FailureRecord> = memory.queue.lock().expect("queue lock").records().cloned().collect();
+        let mut tables = Tables::new();
+        let mut events: Vec<SkillEvent> = Vec::new();
+        let mut consolidations = Vec::new();
+        let mut snapshot = skills_batch(0, &[])?;
+        let mut version = memory.bank.lock().expect("bank lock").version();
+        if queued.len() >= self.config.min_failures && !queued.is_empty() {
+            let template = Templates::require(&selfplay.templates.distill, "distill")?;
+            let distiller = Distiller {
+                policy: selfplay.judge_or_policy(),
+                template,
+                max_skills: self.config.max_skills,
+                max_tokens: self.config.max_tokens,
+                sampling: Sampling::GREEDY,
+            };
+            let batches: Vec<&[FailureRecord]> = queued.chunks(self.config.batch).collect();
+            let seeds: Vec<u64> = (0..batches.len() as u64).map(|b| cx.seed(b)).collect();
+            let distilled = distiller.distill(&batches, &seeds).await.map_err(|e| failed("distillation", e))?;
+            let mut record = Consolidation {
+                failure_ids: queued.iter().map(|f| f.id.clone()).collect(),
+                candidates: 0,
+                added: 0,
+                duplicates: 0,
+                malformed: 0,
+                evicted: 0,
+            };
+            let mut bank = memory.bank.lock().expect("bank lock");
+            let mut n = 0;
+            for (batch, out) in batches.iter().zip(&distilled) {
+                for reason in &out.malformed {
+                    record.malformed += 1;
+                    events.push(SkillEvent {
+                        kind: SkillEventKind::Rejected,
+                        skill_id: format!("s{}-{n}", cx.step()),
+                        description: String::new(),
+                        nearest: None,
+                        similarity: None,
+                        reason: format!("malformed judge output: {reason}"),
+                        question_id: None,
+                    });
+                    n += 1;
+                }
+                let texts: Vec<String> = out.candidates.iter().map(|c| c.embedding_text()).collect();
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let vectors = memory.embedder.embed(&refs).map_err(|e| failed("embedding candidates", e))?;
+                for (candidate, vector) in out.candidates.iter().zip(vectors) {
+                    record.candidates += 1;
+                    let meta = SkillMeta {
+                        origin_step: cx.step(),
+                        origin_failures: batch.iter().map(|f| f.id.clone()).collect(),
+                        ..SkillMeta::default()
+                    };
+                    let admitted = bank.admit(format!("s{}-{n}", cx.step()), candidate.clone(), meta, vector);
+                    n += 1;
+                    for event in admitted {
+                        match event.kind {
+                            SkillEventKind::Added => record.added += 1,
+                            SkillEventKind::RejectedDuplicate => record.duplicates += 1,
+                            SkillEventKind::Evicted => record.evicted += 1,
+                            _ => {}
+                        }
+                        events.push(event);
+                    }
+                }
+            }
+            let evicted = bank.evict_harmful();
+            record.evicted += evicted.len() as u64;
+            events.extend(evicted);
+            if let Some(new_version) = bank.commit() {
+                version = new_version;
+                snapshot = skills_batch(new_version, bank.skills())?;
+            }
+            memory.queue.lock().expect("queue lock").remove(&record.failure_ids);
+            consolidations.push(record);
+        }
+        let bank_size = memory.bank.lock().expect("bank lock").len();
+        let metrics = [
+            ("distilled", f64::from(!consolidations.is_empty() as u8)),
+            ("skills_added", consolidations.iter().map(|c| c.added as f64).sum()),
+            ("skills_rejected", consolidations.iter().map(|c| (c.duplicates + c.malformed) as f64).sum()),
+            ("skills_evicted", consolidations.iter().map(|c| c.evicted as f64).sum()),
+            ("bank_size", bank_size as f64),
+            ("queue_length", memory.queue.lock().expect("queue lock").len() as f64),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        tables.insert("skills", snapshot);
+        tables.insert("skill_events", events_batch(version, &events)?);
+        tables.insert("consolidations", consolidations_batch(&consolidations)?);
+        tables.insert("step_metrics", metrics_batch(cx.stage_name(), &metrics)?);
+        Ok(tables)
+    }
+}

@@ -1,0 +1,95 @@
+//! The stage kinds of the loop, one module each, in the order a step runs them.
+
+mod collect;
+mod consolidate;
+mod priming;
+mod propose;
+mod reward;
+mod solve;
+mod verify;
+
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use sesa_engine::{StageError, TableSpec};
+
+pub use self::collect::Collect;
+pub use self::consolidate::Consolidate;
+pub use self::priming::Priming;
+pub use self::propose::Propose;
+pub use self::reward::Reward;
+pub use self::solve::Solve;
+pub use self::verify::Verify;
+use super::columns::{Columns, schema_of};
+use crate::agent::{Outcome, Trajectory};
+
+/// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
+/// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.
+pub fn metrics_batch(stage: &str, rows: &[(&str, f64)]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .str("stage", rows.iter().map(|_| stage))
+        .str("metric", rows.iter().map(|(m, _)| *m))
+        .f64("value", rows.iter().map(|(_, v)| *v))
+        .finish()
+}
+
+fn metrics_table() -> TableSpec {
+    TableSpec::new("step_metrics", schema_of(|| metrics_batch("", &[])))
+}
+
+fn skills_table() -> TableSpec {
+    TableSpec::new("skills", crate::memory::SKILLS_SCHEMA.clone())
+}
+
+fn skill_events_table() -> TableSpec {
+    TableSpec::new("skill_events", crate::memory::SKILL_EVENTS_SCHEMA.clone())
+}
+
+/// The columns every trajectory table has (proposals, rollouts): what the agent did, and its
+/// tokens for training (`loss_mask` 1 on generated tokens, 0 on retrieved ones).
+fn with_trajectories(columns: Columns, trajectories: &[Trajectory]) -> Columns {
+    let masks: Vec<Vec<u32>> =
+        trajectories.iter().map(|t| t.loss_mask.iter().map(|&m| u32::from(m)).collect()).collect();
+    let outcomes: Vec<String> = trajectories.iter().map(|t| outcome_name(&t.outcome)).collect();
+    columns
+        .strs("searches", trajectories.iter().map(|t| t.queries()))
+        .strs(
+            "retrieved_ids",
+            trajectories.iter().map(|t| t.turns.iter().flat_map(|u| u.retrieved_ids.iter().map(String::as_str))),
+        )
+        .u64("turns", trajectories.iter().map(|t| t.turns.len() as u64))
+        .u64("generated_tokens", trajectories.iter().map(|t| t.generated_tokens() as u64))
+        .str("outcome", outcomes.iter().map(String::as_str))
+        .str("response", trajectories.iter().map(|t| t.response.as_str()))
+        .u32s("token_ids", trajectories.iter().map(|t| t.token_ids.as_slice()))
+        .u32s("loss_mask", masks.iter().map(Vec::as_slice))
+        .f32s("logprobs", trajectories.iter().map(|t| t.logprobs.as_slice()))
+        .bool("tokens_exact", trajectories.iter().map(|t| t.tokens_exact))
+}
+
+/// How an episode ended, in one word (format errors with their kind).
+fn outcome_name(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Final(_) => "final".into(),
+        Outcome::FormatError(error) => format!("format_error: {error}"),
+        Outcome::TurnLimit => "turn_limit".into(),
+        Outcome::TokenBudget => "token_budget".into(),
+        Outcome::ContextLimit => "context_limit".into(),
+    }
+}
+
+/// Milliseconds since `clock`, as a metric value.
+fn elapsed_ms(clock: Instant) -> f64 {
+    clock.elapsed().as_secs_f64() * 1e3
+}
+
+/// The mean of `values`, 0 for none.
+fn mean(values: impl IntoIterator<Item = f64>) -> f64 {
+    let (sum, count) = values.into_iter().fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
+    if count == 0 { 0.0 } else { sum / count as f64 }
+}
+
+fn failed(context: &str, error: impl std::fmt::Display) -> StageError {
+    StageError::Failed(format!("{context}: {error}"))
+}

@@ -1,0 +1,62 @@
+//! `priming`: loads the initial skill bank from a skill file (the 15 seed skills, or an export
+//! of an earlier run's bank), deduplicated under the run's threshold, as bank version 1.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
+use crate::memory::{SkillFile, events_batch, skills_batch};
+use crate::selfplay::resources::SkillMemory;
+
+/// The config of `priming`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrimingConfig {
+    /// A skill file: `specs/skills/seed.yaml`, or a bank from `sesa skills export`.
+    pub skills: PathBuf,
+}
+
+/// Loads the initial bank.
+pub struct Priming {
+    config: PrimingConfig,
+}
+
+impl Stage for Priming {
+    const KIND: &'static str = "priming";
+    const ABOUT: &'static str = "load the initial skill bank (seed skills or an exported bank)";
+    type Config = PrimingConfig;
+
+    fn new(config: PrimingConfig) -> Result<Self, Vec<ConfigProblem>> {
+        Ok(Priming { config })
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![skills_table(), skill_events_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let memory = cx
+            .resource::<SkillMemory>()
+            .map_err(|_| failed("priming", "the spec has no `memory:` section to load skills into"))?;
+        let file = SkillFile::load(&self.config.skills).map_err(|e| StageError::Failed(e.to_string()))?;
+        let texts: Vec<String> = file.skills.iter().map(|s| s.text.embedding_text()).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = memory.embedder.embed(&refs).map_err(|e| failed("embedding skills", e))?;
+        let mut bank = memory.bank.lock().expect("bank lock");
+        let mut events = Vec::new();
+        for (skill, vector) in file.skills.into_iter().zip(vectors) {
+            events.extend(bank.admit(skill.id, skill.text, skill.meta, vector));
+        }
+        let version = bank.commit().unwrap_or(bank.version());
+        let metrics = [("bank_size", bank.len() as f64), ("wall_ms", elapsed_ms(clock))];
+        Ok(Tables::new()
+            .with("skills", skills_batch(version, bank.skills())?)
+            .with("skill_events", events_batch(version, &events)?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}

@@ -1,0 +1,193 @@
+//! `propose`: target answers → proposer trajectories with search → questions, each checked by
+//! the SSP validity rules, with the reason recorded for every rejection.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table, with_trajectories};
+use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
+use crate::selfplay::columns::{Columns, schema_of};
+use crate::selfplay::resources::{SelfPlay, Templates};
+use crate::selfplay::rules::ValidityRules;
+
+/// The config of `propose`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProposeConfig {
+    /// Target answers with hop counts, JSON lines `{"answer": ..., "hops": n}` (a generated
+    /// world's `targets.jsonl`). Step s takes the next `batch` of them, wrapping around.
+    pub targets: PathBuf,
+    /// Targets per step (SSP: 256).
+    pub batch: usize,
+    /// The rule-based validity checks.
+    #[serde(default)]
+    pub rules: ValidityRules,
+}
+
+/// The proposer: writes a question for each target answer.
+pub struct Propose {
+    config: ProposeConfig,
+}
+
+#[derive(Debug, Deserialize)]
+struct Target {
+    answer: String,
+    #[serde(default = "two")]
+    hops: u64,
+}
+
+fn two() -> u64 {
+    2
+}
+
+/// A checked proposal.
+struct Proposal {
+    target: Target,
+    trajectory: Trajectory,
+    question: Option<String>,
+    verdict: Result<String, String>,
+}
+
+fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
+    let columns = Columns::default()
+        .u64("item", 0..proposals.len() as u64)
+        .str("target", proposals.iter().map(|p| p.target.answer.as_str()))
+        .u64("hops", proposals.iter().map(|p| p.target.hops))
+        .opt_str("question", proposals.iter().map(|p| p.verdict.as_ref().ok().map(String::as_str)))
+        .opt_str("raw_question", proposals.iter().map(|p| p.question.as_deref()))
+        .bool("valid", proposals.iter().map(|p| p.verdict.is_ok()))
+        .str("reason", proposals.iter().map(|p| p.verdict.as_ref().err().map_or("", String::as_str)))
+        .str(
+            "materials",
+            proposals.iter().map(|p| materials(&p.trajectory.response)).collect::<Vec<_>>().iter().map(String::as_str),
+        );
+    let trajectories: Vec<Trajectory> = proposals.iter().map(|p| p.trajectory.clone()).collect();
+    with_trajectories(columns, &trajectories).finish()
+}
+
+/// Everything the proposer retrieved: the contents of its `<information>` blocks.
+pub fn materials(response: &str) -> String {
+    let mut blocks = Vec::new();
+    let mut rest = response;
+    while let Some(start) = rest.find("<information>") {
+        let after = &rest[start + "<information>".len()..];
+        let Some(end) = after.find("</information>") else {
+            break;
+        };
+        blocks.push(after[..end].trim());
+        rest = &after[end + "</information>".len()..];
+    }
+    blocks.join("\n\n")
+}
+
+impl Propose {
+    /// The `proposals` table, as the stages that read it declare it.
+    pub fn proposals_table() -> TableSpec {
+        TableSpec::new("proposals", schema_of(|| proposals_batch(&[])))
+    }
+}
+
+impl Stage for Propose {
+    const KIND: &'static str = "propose";
+    const ABOUT: &'static str =
+        "proposer trajectories with search: a question for each target answer, checked by the SSP rules";
+    type Config = ProposeConfig;
+
+    fn new(config: ProposeConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems = Vec::new();
+        if config.batch == 0 {
+            problems.push(ConfigProblem::new("batch", "must be at least 1"));
+        }
+        if config.rules.min_chars > config.rules.max_chars {
+            problems.push(ConfigProblem::new("rules.min_chars", "cannot exceed rules.max_chars"));
+        }
+        if problems.is_empty() { Ok(Propose { config }) } else { Err(problems) }
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![Propose::proposals_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let template = Templates::require(&selfplay.templates.proposer, "proposer")?;
+        let text = std::fs::read_to_string(&self.config.targets)
+            .map_err(|e| failed(&format!("reading {}", self.config.targets.display()), e))?;
+        let all: Vec<Target> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(n, line)| {
+                serde_json::from_str(line)
+                    .map_err(|e| failed(&format!("{}:{}", self.config.targets.display(), n + 1), e))
+            })
+            .collect::<Result<_, _>>()?;
+        if all.is_empty() {
+            return Err(failed(&self.config.targets.display().to_string(), "no target answers"));
+        }
+        let start = (cx.step() - 1) as usize * self.config.batch;
+        let targets: Vec<Target> = (0..self.config.batch)
+            .map(|i| {
+                let t = &all[(start + i) % all.len()];
+                Target { answer: t.answer.clone(), hops: t.hops }
+            })
+            .collect();
+        let episodes: Vec<Episode> =
+            targets
+                .iter()
+                .enumerate()
+                .map(|(i, target)| Episode {
+                    prompt: selfplay.policy.render_chat(&template.render(&BTreeMap::from([
+                        ("answer", target.answer.clone()),
+                        ("hops", target.hops.to_string()),
+                    ]))),
+                    seed: cx.seed(i as u64),
+                })
+                .collect();
+        let agent = AgentRun {
+            role: Role::Proposer,
+            policy: selfplay.policy.as_ref(),
+            search: selfplay.search.as_ref(),
+            top_k: selfplay.top_k,
+            limits: selfplay.agent.limits(),
+            sampling: selfplay.agent.sampling,
+        };
+        let mut progress = cx.progress(episodes.len() as u64);
+        let trajectories = agent.run(&episodes).await.map_err(|e| failed("proposer episodes", e))?;
+        progress.inc(episodes.len() as u64);
+        let proposals: Vec<Proposal> = targets
+            .into_iter()
+            .zip(trajectories)
+            .map(|(target, trajectory)| {
+                let question = match &trajectory.outcome {
+                    Outcome::Final(question) => Some(question.clone()),
+                    _ => None,
+                };
+                let verdict = self.config.rules.check(
+                    question.as_deref(),
+                    &target.answer,
+                    &trajectory.queries(),
+                    &materials(&trajectory.response),
+                );
+                Proposal { target, trajectory, question, verdict }
+            })
+            .collect();
+        let metrics = [
+            ("proposals", proposals.len() as f64),
+            ("valid_rate", mean(proposals.iter().map(|p| f64::from(p.verdict.is_ok() as u8)))),
+            ("tokens", proposals.iter().map(|p| p.trajectory.generated_tokens() as f64).sum()),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        Ok(Tables::new()
+            .with("proposals", proposals_batch(&proposals)?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}

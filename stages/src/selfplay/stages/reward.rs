@@ -1,0 +1,202 @@
+//! `reward`: the solver's reward per rollout (exact match, optional judge fallback, SSP's
+//! anti-spam rule), the success rate p̂ per question, the proposer's reward by the configured
+//! shape (with the format penalty for invalid or rejected proposals), and skill usage
+//! accounting, which makes a new bank version.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::solve::Solve;
+use super::verify::{Verify, judge_answers};
+use super::{elapsed_ms, mean, metrics_batch, metrics_table, skills_table};
+use crate::data::metrics::exact_match;
+use crate::memory::{QuestionUsage, skills_batch};
+use crate::selfplay::columns::{Columns, Reader, schema_of};
+use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
+use crate::selfplay::rules::{ProposerReward, solver_reward};
+
+/// The config of `reward`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// The proposer's reward shape.
+    pub proposer: ProposerReward,
+    /// The proposer's reward for an invalid or rejected proposal (SSP: 0).
+    #[serde(default)]
+    pub format_penalty: f64,
+    /// Ask the judge when a solver answer misses exactly (needs `prompts.judge`).
+    #[serde(default)]
+    pub judge_fallback: bool,
+}
+
+/// Rewards for both roles.
+pub struct Reward {
+    config: RewardConfig,
+}
+
+/// One row of `rewards`.
+struct RewardRow {
+    role: &'static str,
+    item: u64,
+    rollout: u64,
+    reward: f64,
+    p_hat: Option<f64>,
+}
+
+fn rewards_batch(rows: &[RewardRow]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .str("role", rows.iter().map(|r| r.role))
+        .u64("item", rows.iter().map(|r| r.item))
+        .u64("rollout", rows.iter().map(|r| r.rollout))
+        .f64("reward", rows.iter().map(|r| r.reward))
+        .opt_f64("p_hat", rows.iter().map(|r| r.p_hat))
+        .finish()
+}
+
+impl Reward {
+    /// The `rewards` table, as the stages that read it declare it.
+    pub fn rewards_table() -> TableSpec {
+        TableSpec::new("rewards", schema_of(|| rewards_batch(&[])))
+    }
+}
+
+impl Stage for Reward {
+    const KIND: &'static str = "reward";
+    const ABOUT: &'static str = "solver and proposer rewards, success rates, and skill usage accounting";
+    type Config = RewardConfig;
+
+    fn new(config: RewardConfig) -> Result<Self, Vec<ConfigProblem>> {
+        if let ProposerReward::Frontier { lambda, low, high } = config.proposer {
+            let mut problems = Vec::new();
+            if lambda <= 0.0 {
+                problems.push(ConfigProblem::new("proposer.lambda", "the endpoint penalty must be positive"));
+            }
+            if low < 0.0 || high > 1.0 || low >= high {
+                problems.push(ConfigProblem::new("proposer.low", "need 0 ≤ low < high ≤ 1"));
+            }
+            if !problems.is_empty() {
+                return Err(problems);
+            }
+        }
+        Ok(Reward { config })
+    }
+
+    fn inputs(&self) -> Vec<TableSpec> {
+        vec![Solve::rollouts_table(), Verify::verifications_table()]
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![Reward::rewards_table(), skills_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let rollouts_batch = inputs.get("rollouts")?;
+        let rollouts = Reader::new("rollouts", rollouts_batch);
+        let items = rollouts.u64("item")?;
+        let indices = rollouts.u64("rollout")?;
+        let questions = rollouts.str("question")?;
+        let targets = rollouts.str("target")?;
+        let answers = rollouts.opt_str("answer")?;
+        let responses = rollouts.str("response")?;
+        let skill_ids = rollouts.strs("skill_ids")?;
+
+        let mut judged: Vec<Option<bool>> = vec![None; rollouts.rows()];
+        if self.config.judge_fallback {
+            let template = Templates::require(&selfplay.templates.judge, "judge")?;
+            let misses: Vec<usize> = (0..rollouts.rows())
+                .filter(|&i| answers[i].is_some_and(|a| exact_match(a, &[targets[i].to_string()]) == 0.0))
+                .collect();
+            let asks: Vec<(String, String, String)> = misses
+                .iter()
+                .map(|&i| {
+                    (questions[i].to_string(), targets[i].to_string(), answers[i].unwrap_or_default().to_string())
+                })
+                .collect();
+            let verdicts =
+                judge_answers(selfplay.judge_or_policy(), template, &asks, |k| cx.seed(misses[k] as u64)).await?;
+            for (&i, verdict) in misses.iter().zip(verdicts) {
+                judged[i] = Some(verdict);
+            }
+        }
+        let rewards: Vec<f64> = (0..rollouts.rows())
+            .map(|i| solver_reward(responses[i], answers[i], &[targets[i].to_string()], judged[i]))
+            .collect();
+        // p̂ per question: the share of its rollouts with a positive reward (0.25 counts).
+        let mut by_item: BTreeMap<u64, (u64, u64, Vec<String>)> = BTreeMap::new();
+        for i in 0..rollouts.rows() {
+            let entry = by_item.entry(items[i]).or_insert_with(|| (0, 0, skill_ids[i].clone()));
+            entry.0 += u64::from(rewards[i] > 0.0);
+            entry.1 += 1;
+        }
+        let p_hat: BTreeMap<u64, f64> =
+            by_item.iter().map(|(&item, (s, n, _))| (item, *s as f64 / *n as f64)).collect();
+
+        let mut rows: Vec<RewardRow> = (0..rollouts.rows())
+            .map(|i| RewardRow {
+                role: "solver",
+                item: items[i],
+                rollout: indices[i],
+                reward: rewards[i],
+                p_hat: p_hat.get(&items[i]).copied(),
+            })
+            .collect();
+        let verifications_batch = inputs.get("verifications")?;
+        let verifications = Reader::new("verifications", verifications_batch);
+        let sources = verifications.str("source")?;
+        let proposal_items = verifications.u64("item")?;
+        let mut proposer_rewards = Vec::new();
+        for (i, &item) in proposal_items.iter().enumerate() {
+            let p = p_hat.get(&item).copied().filter(|_| sources[i] == "proposed");
+            let reward = p.map_or(self.config.format_penalty, |p| self.config.proposer.reward(p));
+            proposer_rewards.push(reward);
+            rows.push(RewardRow { role: "proposer", item, rollout: 0, reward, p_hat: p });
+        }
+
+        let mut skills = skills_batch(0, &[])?;
+        let mut bank_metrics = Vec::new();
+        if let Ok(memory) = cx.resource::<SkillMemory>() {
+            let usage: Vec<QuestionUsage> = by_item
+                .iter()
+                .filter(|(_, (_, _, ids))| !ids.is_empty())
+                .map(|(item, (successes, n, ids))| QuestionUsage {
+                    question_id: format!("s{}-{item}", cx.step()),
+                    skill_ids: ids.clone(),
+                    successes: *successes,
+                    rollouts: *n,
+                })
+                .collect();
+            let mut bank = memory.bank.lock().expect("bank lock");
+            bank.record_usage(&usage);
+            if let Some(version) = bank.commit() {
+                skills = skills_batch(version, bank.skills())?;
+            }
+            bank_metrics.push(("bank_size", bank.len() as f64));
+            bank_metrics.push(("bank_version", bank.version() as f64));
+        }
+        let proposed: Vec<f64> = p_hat
+            .iter()
+            .filter(|(item, _)| proposal_items.iter().zip(&sources).any(|(i, s)| i == *item && *s == "proposed"))
+            .map(|(_, p)| *p)
+            .collect();
+        let mut metrics = vec![
+            ("solver_success", mean(rewards.iter().map(|&r| f64::from(r > 0.0)))),
+            ("mean_p_hat", mean(proposed.iter().copied())),
+            ("frontier_share", mean(proposed.iter().map(|&p| f64::from(p > 0.0 && p < 1.0)))),
+            ("proposer_reward_mean", mean(proposer_rewards.iter().copied())),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        metrics.extend(bank_metrics);
+        Ok(Tables::new()
+            .with("rewards", rewards_batch(&rows)?)
+            .with("skills", skills)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}

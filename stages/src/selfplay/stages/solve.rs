@@ -1,0 +1,191 @@
+//! `solve`: `n_rollouts` solver trajectories per question. With a skill memory, the top-k skills
+//! retrieved for the question are in the solver's prompt and recorded; this is the only stage
+//! that retrieves skills.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, with_trajectories};
+use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
+use crate::memory::{SkillEvent, SkillEventKind, events_batch};
+use crate::selfplay::columns::{Columns, Reader, schema_of};
+use crate::selfplay::resources::{SelfPlay, SkillMemory};
+
+/// The config of `solve`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SolveConfig {
+    /// Trajectories per question: the GRPO group (SSP: 5).
+    pub n_rollouts: usize,
+}
+
+/// The solver.
+pub struct Solve {
+    config: SolveConfig,
+}
+
+/// One solver trajectory with what it was asked.
+pub(super) struct Rollout {
+    item: u64,
+    rollout: u64,
+    question: String,
+    target: String,
+    source: String,
+    skill_ids: Vec<String>,
+    trajectory: Trajectory,
+}
+
+fn rollouts_batch(rows: &[Rollout]) -> Result<RecordBatch, ArrowError> {
+    let answers: Vec<Option<&str>> = rows
+        .iter()
+        .map(|r| match &r.trajectory.outcome {
+            Outcome::Final(answer) => Some(answer.as_str()),
+            _ => None,
+        })
+        .collect();
+    let columns = Columns::default()
+        .u64("item", rows.iter().map(|r| r.item))
+        .u64("rollout", rows.iter().map(|r| r.rollout))
+        .str("question", rows.iter().map(|r| r.question.as_str()))
+        .str("target", rows.iter().map(|r| r.target.as_str()))
+        .str("source", rows.iter().map(|r| r.source.as_str()))
+        .strs("skill_ids", rows.iter().map(|r| r.skill_ids.iter().map(String::as_str)))
+        .opt_str("answer", answers);
+    let trajectories: Vec<Trajectory> = rows.iter().map(|r| r.trajectory.clone()).collect();
+    with_trajectories(columns, &trajectories).finish()
+}
+
+impl Solve {
+    /// The `rollouts` table, as the stages that read it declare it.
+    pub fn rollouts_table() -> TableSpec {
+        TableSpec::new("rollouts", schema_of(|| rollouts_batch(&[])))
+    }
+}
+
+/// The skills block of the solver's prompt (empty without skills).
+fn skills_block(skills: &[&crate::memory::Skill]) -> String {
+    if skills.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<String> = skills.iter().map(|s| s.text.render()).collect();
+    format!("Search strategies that helped on similar questions:\n{}\n\n", lines.join("\n"))
+}
+
+impl Stage for Solve {
+    const KIND: &'static str = "solve";
+    const ABOUT: &'static str =
+        "solver trajectories per question, with the top-k retrieved skills in the prompt when memory is on";
+    type Config = SolveConfig;
+
+    fn new(config: SolveConfig) -> Result<Self, Vec<ConfigProblem>> {
+        if config.n_rollouts == 0 {
+            return Err(vec![ConfigProblem::new("n_rollouts", "must be at least 1")]);
+        }
+        Ok(Solve { config })
+    }
+
+    fn inputs(&self) -> Vec<TableSpec> {
+        vec![super::verify::Verify::verifications_table()]
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![Solve::rollouts_table(), skill_events_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let memory = cx.resource::<SkillMemory>().ok();
+        let batch = inputs.get("verifications")?;
+        let verifications = Reader::new("verifications", batch);
+        let items = verifications.u64("item")?;
+        let questions = verifications.opt_str("solver_question")?;
+        let targets = verifications.str("solver_target")?;
+        let sources = verifications.str("source")?;
+        let asked: Vec<usize> = (0..verifications.rows()).filter(|&i| questions[i].is_some()).collect();
+
+        // Retrieval: one embedding batch, then top-k per question.
+        let mut retrieved: Vec<Vec<String>> = vec![Vec::new(); asked.len()];
+        let mut blocks: Vec<String> = vec![String::new(); asked.len()];
+        let mut events = Vec::new();
+        let mut version = 0;
+        if let Some(memory) = &memory {
+            let texts: Vec<&str> = asked.iter().map(|&i| questions[i].unwrap_or_default()).collect();
+            let vectors = memory.embedder.embed(&texts).map_err(|e| failed("embedding questions", e))?;
+            let bank = memory.bank.lock().expect("bank lock");
+            version = bank.version();
+            for (k, vector) in vectors.iter().enumerate() {
+                let top = bank.top_k(vector, memory.top_k);
+                let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
+                blocks[k] = skills_block(&skills);
+                retrieved[k] = skills.iter().map(|s| s.id.clone()).collect();
+                for (skill, similarity) in top {
+                    events.push(SkillEvent {
+                        kind: SkillEventKind::Retrieved,
+                        skill_id: skill.id.clone(),
+                        description: skill.text.description.clone(),
+                        nearest: None,
+                        similarity: Some(similarity),
+                        reason: "in the solver's prompt".into(),
+                        question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
+                    });
+                }
+            }
+        }
+
+        let template = &selfplay.templates.solver;
+        let mut episodes = Vec::new();
+        let mut rows = Vec::new();
+        for (k, &i) in asked.iter().enumerate() {
+            let prompt = selfplay.policy.render_chat(&template.render(&BTreeMap::from([
+                ("question", questions[i].unwrap_or_default().to_string()),
+                ("skills", blocks[k].clone()),
+            ])));
+            for rollout in 0..self.config.n_rollouts as u64 {
+                episodes.push(Episode { prompt: prompt.clone(), seed: cx.seed((items[i] << 20) | rollout) });
+                rows.push((k, i, rollout));
+            }
+        }
+        let agent = AgentRun {
+            role: Role::Solver,
+            policy: selfplay.policy.as_ref(),
+            search: selfplay.search.as_ref(),
+            top_k: selfplay.top_k,
+            limits: selfplay.agent.limits(),
+            sampling: selfplay.agent.sampling,
+        };
+        let mut progress = cx.progress(episodes.len() as u64);
+        let trajectories = agent.run(&episodes).await.map_err(|e| failed("solver episodes", e))?;
+        progress.inc(episodes.len() as u64);
+        let rollouts: Vec<Rollout> = rows
+            .into_iter()
+            .zip(trajectories)
+            .map(|((k, i, rollout), trajectory)| Rollout {
+                item: items[i],
+                rollout,
+                question: questions[i].unwrap_or_default().to_string(),
+                target: targets[i].to_string(),
+                source: sources[i].to_string(),
+                skill_ids: retrieved[k].clone(),
+                trajectory,
+            })
+            .collect();
+        let metrics = [
+            ("questions", asked.len() as f64),
+            ("rollouts", rollouts.len() as f64),
+            ("skills_retrieved", events.len() as f64),
+            ("tokens", rollouts.iter().map(|r| r.trajectory.generated_tokens() as f64).sum()),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        Ok(Tables::new()
+            .with("rollouts", rollouts_batch(&rollouts)?)
+            .with("skill_events", events_batch(version, &events)?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}

@@ -1,0 +1,294 @@
+//! `verify`: the RAG check. A verifier answers each valid question from the proposer's own
+//! materials plus documents from other proposals as noise, without searching; the question is
+//! accepted on exact match, or when the judge says the answer matches. Invalid or rejected
+//! proposals are replaced by a reused question, a dummy, or nothing, as configured.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use rand::seq::{IndexedRandom, SliceRandom};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use crate::data::metrics::exact_match;
+use crate::policy::{GenerationRequest, Policy, Sampling};
+use crate::selfplay::columns::{Columns, Reader, schema_of};
+use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
+use crate::selfplay::rules::{judge_says_correct, verifier_answer};
+
+/// Who answers in the RAG check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Verifier {
+    /// The policy itself.
+    #[default]
+    Policy,
+    /// The `judge:` model (SSP uses an external judge).
+    Judge,
+}
+
+/// What the solver gets in place of an invalid or rejected proposal (SSP §4.5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InvalidStrategy {
+    /// Nothing: the solver batch shrinks.
+    #[default]
+    Drop,
+    /// A random earlier accepted question from the reuse pool, else a dummy (SSP).
+    Reuse,
+    /// SSP's dummy problem, with the proposal's target.
+    Dummy,
+}
+
+/// SSP's dummy problem.
+pub const DUMMY_QUESTION: &str = "This is a dummy problem. Please directly output </answer>";
+
+/// The config of `verify`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyConfig {
+    /// Who answers.
+    #[serde(default)]
+    pub verifier: Verifier,
+    /// Other proposals' materials mixed in as noise (SSP: 4).
+    #[serde(default = "four")]
+    pub noise: usize,
+    /// New tokens of the verifier's answer at most (SSP: 70).
+    #[serde(default = "seventy")]
+    pub max_tokens: usize,
+    /// Ask the judge when the verifier's answer misses exactly (needs `prompts.judge`).
+    #[serde(default)]
+    pub judge_fallback: bool,
+    /// What replaces an invalid or rejected proposal.
+    #[serde(default)]
+    pub invalid: InvalidStrategy,
+    /// The reuse pool is emptied every this many steps (SSP: 10).
+    #[serde(default = "ten")]
+    pub pool_clear_interval: u64,
+}
+
+fn four() -> usize {
+    4
+}
+fn seventy() -> usize {
+    70
+}
+fn ten() -> u64 {
+    10
+}
+
+/// The RAG verifier.
+pub struct Verify {
+    config: VerifyConfig,
+}
+
+/// One row of `verifications`.
+struct Verification {
+    target: String,
+    question: Option<String>,
+    accepted: bool,
+    answer: Option<String>,
+    reason: String,
+    solver_question: Option<String>,
+    solver_target: String,
+    source: &'static str,
+}
+
+fn verifications_batch(rows: &[Verification]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .u64("item", 0..rows.len() as u64)
+        .str("target", rows.iter().map(|r| r.target.as_str()))
+        .opt_str("question", rows.iter().map(|r| r.question.as_deref()))
+        .bool("accepted", rows.iter().map(|r| r.accepted))
+        .opt_str("verifier_answer", rows.iter().map(|r| r.answer.as_deref()))
+        .str("reason", rows.iter().map(|r| r.reason.as_str()))
+        .opt_str("solver_question", rows.iter().map(|r| r.solver_question.as_deref()))
+        .str("solver_target", rows.iter().map(|r| r.solver_target.as_str()))
+        .str("source", rows.iter().map(|r| r.source))
+        .finish()
+}
+
+/// Asks `judge` whether each `(question, golden, answer)` is correct.
+pub async fn judge_answers(
+    judge: &dyn Policy,
+    template: &crate::agent::PromptTemplate,
+    items: &[(String, String, String)],
+    seed: impl Fn(usize) -> u64,
+) -> Result<Vec<bool>, StageError> {
+    let requests: Vec<GenerationRequest> = items
+        .iter()
+        .enumerate()
+        .map(|(i, (question, golden, answer))| GenerationRequest {
+            context: judge.render_chat(&template.render(&BTreeMap::from([
+                ("question", question.clone()),
+                ("golden", golden.clone()),
+                ("answer", answer.clone()),
+            ]))),
+            context_ids: None,
+            max_tokens: 10,
+            stop: Vec::new(),
+            sampling: Sampling::GREEDY,
+            seed: seed(i),
+            json_schema: None,
+        })
+        .collect();
+    let replies = judge.generate(&requests).await.map_err(|e| failed("judge", e))?;
+    Ok(replies.iter().map(|r| judge_says_correct(&r.text)).collect())
+}
+
+impl Verify {
+    /// The `verifications` table, as the stages that read it declare it.
+    pub fn verifications_table() -> TableSpec {
+        TableSpec::new("verifications", schema_of(|| verifications_batch(&[])))
+    }
+}
+
+impl Stage for Verify {
+    const KIND: &'static str = "verify";
+    const ABOUT: &'static str =
+        "the RAG check: answer each question from the proposer's materials plus noise, keep the answerable";
+    type Config = VerifyConfig;
+
+    fn new(config: VerifyConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems = Vec::new();
+        if config.max_tokens == 0 {
+            problems.push(ConfigProblem::new("max_tokens", "must be at least 1"));
+        }
+        if config.pool_clear_interval == 0 {
+            problems.push(ConfigProblem::new("pool_clear_interval", "must be at least 1"));
+        }
+        if problems.is_empty() { Ok(Verify { config }) } else { Err(problems) }
+    }
+
+    fn inputs(&self) -> Vec<TableSpec> {
+        vec![super::propose::Propose::proposals_table()]
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![Verify::verifications_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let template = Templates::require(&selfplay.templates.verifier, "verifier")?;
+        let batch = inputs.get("proposals")?;
+        let proposals = Reader::new("proposals", batch);
+        let targets = proposals.str("target")?;
+        let questions = proposals.opt_str("question")?;
+        let reasons = proposals.str("reason")?;
+        let materials = proposals.str("materials")?;
+        let valid: Vec<usize> = (0..proposals.rows()).filter(|&i| questions[i].is_some()).collect();
+
+        let verifier: &dyn Policy = match self.config.verifier {
+            Verifier::Policy => selfplay.policy.as_ref(),
+            Verifier::Judge => selfplay.judge_or_policy(),
+        };
+        let requests: Vec<GenerationRequest> = valid
+            .iter()
+            .map(|&i| {
+                let mut rng = cx.rng(i as u64);
+                let mut others: Vec<&str> =
+                    valid.iter().filter(|&&j| j != i && materials[j] != materials[i]).map(|&j| materials[j]).collect();
+                others.dedup();
+                others.shuffle(&mut rng);
+                let mut documents: Vec<&str> = others.into_iter().take(self.config.noise).collect();
+                documents.push(materials[i]);
+                documents.shuffle(&mut rng);
+                GenerationRequest {
+                    context: verifier.render_chat(&template.render(&BTreeMap::from([
+                        ("materials", documents.join("\n\n")),
+                        ("question", questions[i].unwrap_or_default().to_string()),
+                    ]))),
+                    context_ids: None,
+                    max_tokens: self.config.max_tokens,
+                    stop: Vec::new(),
+                    sampling: Sampling::GREEDY,
+                    seed: cx.seed(i as u64),
+                    json_schema: None,
+                }
+            })
+            .collect();
+        let replies = verifier.generate(&requests).await.map_err(|e| failed("verifier", e))?;
+        let answers: Vec<String> = replies.iter().map(|r| verifier_answer(&r.text)).collect();
+        let mut accepted: Vec<bool> =
+            valid.iter().zip(&answers).map(|(&i, a)| exact_match(a, &[targets[i].to_string()]) > 0.0).collect();
+        if self.config.judge_fallback {
+            let judge_template = Templates::require(&selfplay.templates.judge, "judge")?;
+            let misses: Vec<usize> = (0..valid.len()).filter(|&k| !accepted[k] && !answers[k].is_empty()).collect();
+            let items: Vec<(String, String, String)> = misses
+                .iter()
+                .map(|&k| {
+                    let i = valid[k];
+                    (questions[i].unwrap_or_default().to_string(), targets[i].to_string(), answers[k].clone())
+                })
+                .collect();
+            let verdicts = judge_answers(selfplay.judge_or_policy(), judge_template, &items, |k| {
+                cx.seed(1_000_000 + misses[k] as u64)
+            })
+            .await?;
+            for (&k, verdict) in misses.iter().zip(verdicts) {
+                accepted[k] = verdict;
+            }
+        }
+
+        let pool_start = pool_start(cx.step(), self.config.pool_clear_interval);
+        let mut pool = selfplay.pool.lock().expect("pool lock");
+        pool.retain(|q| q.step >= pool_start);
+        let available = pool.clone();
+        let mut rows = Vec::with_capacity(proposals.rows());
+        for i in 0..proposals.rows() {
+            let checked = valid.iter().position(|&v| v == i);
+            let (accept, answer, reason) = match checked {
+                Some(k) if accepted[k] => (true, Some(answers[k].clone()), String::new()),
+                Some(k) => (false, Some(answers[k].clone()), "the verifier's answer does not match the target".into()),
+                None => (false, None, format!("invalid: {}", reasons[i])),
+            };
+            let (solver_question, solver_target, source) = if accept {
+                (questions[i].map(str::to_string), targets[i].to_string(), "proposed")
+            } else {
+                let reused = match self.config.invalid {
+                    InvalidStrategy::Reuse if !available.is_empty() => {
+                        let mut rng = cx.rng(2_000_000 + i as u64);
+                        available.choose(&mut rng).map(|q| (q.question.clone(), q.target.clone()))
+                    }
+                    _ => None,
+                };
+                match (self.config.invalid, reused) {
+                    (InvalidStrategy::Drop, _) => (None, targets[i].to_string(), "none"),
+                    (_, Some((question, target))) => (Some(question), target, "reused"),
+                    (_, None) => (Some(DUMMY_QUESTION.to_string()), targets[i].to_string(), "dummy"),
+                }
+            };
+            rows.push(Verification {
+                target: targets[i].to_string(),
+                question: questions[i].map(str::to_string),
+                accepted: accept,
+                answer,
+                reason,
+                solver_question,
+                solver_target,
+                source,
+            });
+        }
+        pool.extend(rows.iter().filter(|r| r.accepted).map(|r| PooledQuestion {
+            step: cx.step(),
+            question: r.question.clone().unwrap_or_default(),
+            target: r.target.clone(),
+        }));
+        drop(pool);
+        let metrics = [
+            ("checked", valid.len() as f64),
+            ("pass_rate", mean(accepted.iter().map(|&a| f64::from(a as u8)))),
+            ("accepted", rows.iter().filter(|r| r.accepted).count() as f64),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        Ok(Tables::new()
+            .with("verifications", verifications_batch(&rows)?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}

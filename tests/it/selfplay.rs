@@ -1,0 +1,302 @@
+//! The SESA loop end to end with a scripted policy (a test double) on a small generated world:
+//! fast, and exact about the loop's invariants and the differences between ablations.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{Array, Float64Array, RecordBatch, StringArray};
+use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, StopRequest, load_pipeline, read_table};
+use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
+use sesa_stages::data::world::{World, WorldConfig};
+use sesa_stages::memory::{CachedEmbedder, HashedWords, MemorySection, SkillBank};
+use sesa_stages::policy::ScriptedPolicy;
+use sesa_stages::search::Bm25Index;
+use sesa_stages::sections::AgentSection;
+use sesa_stages::selfplay::{FailureQueue, SelfPlay, SkillMemory, Templates};
+
+const QUEUE_CAPACITY: usize = 5;
+
+fn prompts() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/prompts")
+}
+
+/// The text after the last `marker` in `text`, up to `end`.
+fn after_last<'a>(text: &'a str, marker: &str, end: &str) -> &'a str {
+    let rest = text.rsplit_once(marker).map_or("", |(_, r)| r);
+    rest.split(end).next().unwrap_or(rest).trim()
+}
+
+fn encode(target: &str) -> String {
+    target.chars().rev().collect::<String>().replace(' ', "_")
+}
+
+fn decode(code: &str) -> String {
+    code.replace('_', " ").chars().rev().collect()
+}
+
+/// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
+/// answer and the answer is not in the question); a third of solver rollouts answer wrongly,
+/// by seed, so success rates vary; the distillation judge writes one skill per batch.
+fn script(context: &str, seed: u64) -> String {
+    let response = context.rsplit_once("<|im_start|>assistant\n").map_or("", |(_, r)| r);
+    let searched = response.matches("<information>").count();
+    if context.contains("general strategies") {
+        let first = after_last(context, "Failure 1:\nQuestion: ", "\n");
+        let code = first.split_whitespace().find(|w| w.starts_with("CODE-")).unwrap_or("none");
+        return format!(
+            r#"{{"skills": [{{"description": "Decode {code} before searching for it.", "trigger": "A question with a code word.", "avoid": ["guessing"], "query_template": "<code> decoded"}}]}}"#
+        );
+    }
+    if context.contains("Materials:") {
+        let question = after_last(context, "Question: ", "<|im_end|>");
+        let code = question.split_whitespace().find_map(|w| w.strip_prefix("CODE-")).unwrap_or("");
+        return format!("Answer: {}", decode(code.trim_end_matches('?')));
+    }
+    if context.contains("You write quiz questions") {
+        let target = after_last(context, "Answer: ", ". Searches needed");
+        return match searched {
+            0 => format!("<search>{target}</search>"),
+            // Targets of odd length leak the answer: those proposals are invalid.
+            _ if target.len() % 2 == 1 => format!("<question>Which entity is {target} in this world?</question>"),
+            _ => format!("<question>Which entity hides behind the word CODE-{} here?</question>", encode(target)),
+        };
+    }
+    let question = after_last(context, "Question: ", "<|im_end|>");
+    if searched == 0 {
+        return format!("<search>{question}</search>");
+    }
+    match question.split_whitespace().find_map(|w| w.strip_prefix("CODE-")) {
+        Some(code) if seed % 3 != 0 => format!("<answer>{}</answer>", decode(code)),
+        _ => "<answer>nobody</answer>".to_string(),
+    }
+}
+
+struct Loop {
+    _dir: tempfile::TempDir,
+    run_dir: std::path::PathBuf,
+    contexts: Arc<Mutex<Vec<String>>>,
+}
+
+fn world(dir: &Path) {
+    let world = World::generate(WorldConfig { seed: 3, entities: 120, questions: 10 });
+    world.write(&dir.join("world")).unwrap();
+    Bm25Index::build(&dir.join("world/corpus.jsonl"), &dir.join("index"), |_| {}).unwrap();
+}
+
+const SPEC: &str = "\
+name: scripted loop
+seed: 5
+steps: 4
+stages:
+  priming: {kind: priming, schedule: once, skills: SEEDS}
+  propose:
+    kind: propose
+    after: [priming]
+    targets: TARGETS
+    batch: 6
+    rules: {min_words: 4, min_searches: 1}
+  verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}
+  solve: {kind: solve, after: [verify], n_rollouts: 3}
+  reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}
+  collect: {kind: collect, after: [reward]}
+  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}
+";
+
+/// Runs `spec` (SPEC with `edits` applied) and returns the run's tables by name.
+async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
+    let dir = tempfile::tempdir().unwrap();
+    world(dir.path());
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
+    let mut text = SPEC
+        .replace("SEEDS", seeds.to_str().unwrap())
+        .replace("TARGETS", dir.path().join("world/targets.jsonl").to_str().unwrap());
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, &text).unwrap();
+    let pipeline = load_pipeline(&spec, &[], &sesa_stages::registry()).unwrap();
+
+    let contexts = Arc::new(Mutex::new(Vec::new()));
+    let seen = contexts.clone();
+    let policy = ScriptedPolicy::new(move |context: &str, seed| {
+        seen.lock().unwrap().push(context.to_string());
+        script(context, seed)
+    });
+    let load = |name: &str, kind| Some(PromptTemplate::load_kind(&prompts().join(name), kind).unwrap());
+    let selfplay = SelfPlay {
+        policy: Arc::new(policy),
+        judge: None,
+        search: Arc::new(Arc::new(Bm25Index::open(&dir.path().join("index")).unwrap())),
+        top_k: 2,
+        agent: serde_yaml::from_str::<AgentSection>("{max_turns: 3, sampling: {temperature: 1.0}}").unwrap(),
+        templates: Templates {
+            solver: load("solver_small.yaml", SOLVER_PROMPT).unwrap(),
+            proposer: load("proposer_small.yaml", PROPOSER_PROMPT),
+            verifier: load("verifier.yaml", sesa_stages::agent::VERIFIER_PROMPT),
+            judge: load("judge.yaml", sesa_stages::agent::JUDGE_PROMPT),
+            distill: load("distill.yaml", sesa_stages::agent::DISTILL_PROMPT),
+        },
+        pool: Mutex::new(Vec::new()),
+    };
+    let memory = SkillMemory {
+        bank: Mutex::new(SkillBank::new(MemorySection::default_bank_config())),
+        embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
+        top_k: 2,
+        queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
+    };
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| {
+        r.insert(Arc::new(selfplay));
+        r.insert(Arc::new(memory));
+    });
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap();
+    let mut tables = BTreeMap::new();
+    for table in
+        ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events", "step_metrics"]
+    {
+        tables.insert(table.to_string(), read_table(&root, run.id(), table).await.unwrap());
+    }
+    let run_dir = dir.path().join("runs").join(run.id());
+    (Loop { _dir: dir, run_dir, contexts }, tables)
+}
+
+fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
+    let column = batch.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+    column.iter().map(|v| v.unwrap_or_default().to_string()).collect()
+}
+
+fn floats(batch: &RecordBatch, name: &str) -> Vec<Option<f64>> {
+    let column = batch.column_by_name(name).unwrap().as_any().downcast_ref::<Float64Array>().unwrap();
+    (0..column.len()).map(|i| column.is_valid(i).then(|| column.value(i))).collect()
+}
+
+fn metric(tables: &BTreeMap<String, Vec<(u64, RecordBatch)>>, name: &str) -> Vec<(u64, f64)> {
+    let mut out = Vec::new();
+    for (step, batch) in &tables["step_metrics"] {
+        let values = floats(batch, "value");
+        for (metric, value) in strings(batch, "metric").iter().zip(values) {
+            if metric == name {
+                out.push((*step, value.unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Which files of `table` exist, as `step=N/stage`.
+fn writers(run_dir: &Path, table: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for partition in std::fs::read_dir(run_dir.join("tables").join(table)).unwrap() {
+        let partition = partition.unwrap();
+        for file in std::fs::read_dir(partition.path()).unwrap() {
+            let name = file.unwrap().file_name().to_string_lossy().replace(".parquet", "");
+            found.push(format!("{}/{name}", partition.file_name().to_string_lossy()));
+        }
+    }
+    found.sort();
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_loop_keeps_its_invariants() {
+    let (lp, tables) = run_loop(&[]).await;
+    // Only the solver sees skills: no other prompt holds a skills block, and every retrieval
+    // event was written by `solve`.
+    let contexts = lp.contexts.lock().unwrap();
+    let with_skills: Vec<&String> = contexts.iter().filter(|c| c.contains("Search strategies that helped")).collect();
+    assert!(!with_skills.is_empty(), "the solver saw skills");
+    assert!(
+        with_skills.iter().all(|c| c.contains("You answer questions by searching")),
+        "only solver prompts hold skills"
+    );
+    for (step, batch) in &tables["skill_events"] {
+        let events = strings(batch, "event");
+        let retrieved = events.iter().filter(|e| *e == "retrieved").count();
+        assert!(retrieved == 0 || retrieved == events.len(), "step {step}: retrievals share a file with other events");
+    }
+    let retrieval_writers: Vec<String> = writers(&lp.run_dir, "skill_events");
+    assert!(retrieval_writers.iter().any(|w| w.ends_with("/solve")));
+    assert!(!retrieval_writers.iter().any(|w| w.ends_with("/propose") || w.ends_with("/verify")));
+
+    // The queue never holds more than its capacity, and it did fill up.
+    let lengths = metric(&tables, "queue_length");
+    assert!(!lengths.is_empty());
+    assert!(lengths.iter().all(|(_, l)| *l <= QUEUE_CAPACITY as f64), "{lengths:?}");
+    assert!(metric(&tables, "queue_dropped").iter().any(|(_, d)| *d > 0.0), "the queue never overflowed");
+
+    // Consolidation ran on steps 2 and 4 only, and added distilled skills with their lineage.
+    let distilled: Vec<u64> = metric(&tables, "distilled").iter().map(|(s, _)| *s).collect();
+    assert_eq!(distilled, [2, 4]);
+    let added: Vec<String> = tables["skill_events"]
+        .iter()
+        .flat_map(|(_, b)| strings(b, "event").into_iter().zip(strings(b, "skill_id")))
+        .filter(|(e, id)| e == "added" && id.starts_with('s'))
+        .map(|(_, id)| id)
+        .collect();
+    assert!(!added.is_empty(), "no distilled skill was admitted");
+
+    // Frontier shaping: proposer rewards follow the shape at the recorded p̂.
+    for (_, batch) in &tables["rewards"] {
+        for ((role, reward), p) in
+            strings(batch, "role").iter().zip(floats(batch, "reward")).zip(floats(batch, "p_hat"))
+        {
+            if let (true, Some(p)) = (role == "proposer", p) {
+                let expected = if p > 0.0 && p < 1.0 { 4.0 * p * (1.0 - p) } else { -0.5 };
+                assert!((reward.unwrap() - expected).abs() < 1e-12);
+            }
+        }
+    }
+    // Invalid proposals carry their reason.
+    let reasons: Vec<String> = tables["proposals"].iter().flat_map(|(_, b)| strings(b, "reason")).collect();
+    assert!(reasons.iter().any(|r| r == "the question contains the answer"), "{reasons:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ablations_differ_exactly_where_they_should() {
+    // − failure distillation: no collect, no consolidate; the bank keeps only its seeds.
+    let (lp, tables) = run_loop(&[
+        ("  collect: {kind: collect, after: [reward]}\n", ""),
+        ("  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}\n", ""),
+    ])
+    .await;
+    let events: Vec<String> = tables["skill_events"].iter().flat_map(|(_, b)| strings(b, "event")).collect();
+    assert!(events.iter().all(|e| e == "added" || e == "retrieved"), "{events:?}");
+    let writers = writers(&lp.run_dir, "skill_events");
+    assert!(writers.iter().all(|w| w.ends_with("/solve") || w == "step=1/priming"), "{writers:?}");
+    assert!(tables["failures"].is_empty());
+
+    // − frontier shaping: the proposer's reward is exactly 1 − p̂, failures of every question.
+    let (_lp, tables) = run_loop(&[
+        ("proposer: {shape: frontier, lambda: 0.5}", "proposer: {shape: adversarial}"),
+        (
+            "collect: {kind: collect, after: [reward]}",
+            "collect: {kind: collect, after: [reward], frontier_only: false}",
+        ),
+    ])
+    .await;
+    let mut checked = 0;
+    for (_, batch) in &tables["rewards"] {
+        for ((role, reward), p) in
+            strings(batch, "role").iter().zip(floats(batch, "reward")).zip(floats(batch, "p_hat"))
+        {
+            if let (true, Some(p)) = (role == "proposer", p) {
+                assert_eq!(reward.unwrap(), 1.0 - p);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_seed_gives_the_same_tables() {
+    let (_a, first) = run_loop(&[]).await;
+    let (_b, second) = run_loop(&[]).await;
+    for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
+        assert_eq!(first[table], second[table], "table {table} differs between runs with the same seed");
+    }
+}
