@@ -28,6 +28,27 @@ pub struct Pipeline {
     writers: BTreeMap<String, usize>,
 }
 
+/// A stage's settings as `key.path=value` lines, so that a graph shows how two specs differ
+/// (quotes become `'` to keep the graph syntax intact).
+fn settings(config: &serde_json::Value) -> Vec<String> {
+    fn walk(prefix: &str, value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, value) in map {
+                    let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                    walk(&path, value, out);
+                }
+            }
+            serde_json::Value::String(text) => out.push(format!("{prefix}={}", text.replace('"', "'"))),
+            other => out.push(format!("{prefix}={}", other.to_string().replace('"', "'"))),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", config, &mut out);
+    out.sort();
+    out
+}
+
 /// The graph formats `sesa graph` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GraphFormat {
@@ -202,7 +223,8 @@ impl Pipeline {
                 let _ = writeln!(out, "flowchart TD");
                 for &i in &self.order {
                     let s = &stages[i];
-                    let _ = writeln!(out, "  {}[\"{}<br/>{} · {}\"]", s.name, s.name, s.kind, s.schedule);
+                    let settings: String = settings(&s.config).iter().map(|line| format!("<br/>{line}")).collect();
+                    let _ = writeln!(out, "  {}[\"{}<br/>{} · {}{settings}\"]", s.name, s.name, s.kind, s.schedule);
                 }
                 for (from, to, tables, direct) in edges {
                     let (from, to) = (&stages[from].name, &stages[to].name);
@@ -219,7 +241,12 @@ impl Pipeline {
                 let _ = writeln!(out, "  rankdir=TB;\n  node [shape=box];");
                 for &i in &self.order {
                     let s = &stages[i];
-                    let _ = writeln!(out, "  \"{}\" [label=\"{}\\n{} · {}\"];", s.name, s.name, s.kind, s.schedule);
+                    let settings: String = settings(&s.config).iter().map(|line| format!("\\n{line}")).collect();
+                    let _ = writeln!(
+                        out,
+                        "  \"{}\" [label=\"{}\\n{} · {}{settings}\"];",
+                        s.name, s.name, s.kind, s.schedule
+                    );
                 }
                 for (from, to, tables, direct) in edges {
                     let style = if direct { "" } else { ", style=dashed" };

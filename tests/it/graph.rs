@@ -16,7 +16,7 @@ fn mermaid_graph_of_the_pipeline() {
     insta::assert_snapshot!(render("pipeline.yaml", GraphFormat::Mermaid), @r#"
     flowchart TD
       offsets["offsets<br/>offsets · once"]
-      numbers["numbers<br/>numbers · every step"]
+      numbers["numbers<br/>numbers · every step<br/>rows=40"]
       square["square<br/>square · every step"]
       total["total<br/>total · every 2 steps"]
       offsets -- "offsets" --> square
@@ -32,7 +32,7 @@ fn dot_graph_of_the_pipeline() {
       rankdir=TB;
       node [shape=box];
       "offsets" [label="offsets\noffsets · once"];
-      "numbers" [label="numbers\nnumbers · every step"];
+      "numbers" [label="numbers\nnumbers · every step\nrows=40"];
       "square" [label="square\nsquare · every step"];
       "total" [label="total\ntotal · every 2 steps"];
       "offsets" -> "square" [label="offsets"];
@@ -47,9 +47,22 @@ fn the_ablation_graph_lacks_the_dropped_stage() {
     insta::assert_snapshot!(render("no_total.yaml", GraphFormat::Mermaid), @r#"
     flowchart TD
       offsets["offsets<br/>offsets · once"]
-      numbers["numbers<br/>numbers · every step"]
+      numbers["numbers<br/>numbers · every step<br/>rows=10"]
       square["square<br/>square · every step"]
       offsets -- "offsets" --> square
       numbers -- "numbers" --> square
     "#);
+}
+
+/// The stage graph of every shipped spec: how the ablations differ from `sesa.yaml` at a glance.
+#[test]
+fn shipped_spec_graphs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in ["sesa", "ssp", "ablation_no_priming", "ablation_no_frontier", "ablation_no_distillation", "quickstart"]
+    {
+        let path = root.join("specs").join(format!("{name}.yaml"));
+        let pipeline = sesa_engine::load_pipeline(&path, &[], &sesa_stages::registry())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        insta::assert_snapshot!(format!("graph_{name}"), pipeline.render(sesa_engine::GraphFormat::Mermaid));
+    }
 }

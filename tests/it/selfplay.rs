@@ -6,14 +6,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::{Array, Float64Array, RecordBatch, StringArray};
-use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, StopRequest, load_pipeline, read_table};
+use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRequest, load_pipeline, read_table};
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::memory::{CachedEmbedder, HashedWords, MemorySection, SkillBank};
 use sesa_stages::policy::ScriptedPolicy;
 use sesa_stages::search::Bm25Index;
 use sesa_stages::sections::AgentSection;
-use sesa_stages::selfplay::{FailureQueue, SelfPlay, SkillMemory, Templates};
+use sesa_stages::selfplay::{FailureQueue, LoopResources, SelfPlay, SkillMemory, Templates};
 
 const QUEUE_CAPACITY: usize = 5;
 
@@ -103,33 +103,17 @@ stages:
   consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}
 ";
 
-/// Runs `spec` (SPEC with `edits` applied) and returns the run's tables by name.
-async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
-    let dir = tempfile::tempdir().unwrap();
-    world(dir.path());
-    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
-    let mut text = SPEC
-        .replace("SEEDS", seeds.to_str().unwrap())
-        .replace("TARGETS", dir.path().join("world/targets.jsonl").to_str().unwrap());
-    for (from, to) in edits {
-        assert!(text.contains(from), "{from}");
-        text = text.replace(from, to);
-    }
-    let spec = dir.path().join("spec.yaml");
-    std::fs::write(&spec, &text).unwrap();
-    let pipeline = load_pipeline(&spec, &[], &sesa_stages::registry()).unwrap();
-
-    let contexts = Arc::new(Mutex::new(Vec::new()));
-    let seen = contexts.clone();
+/// The loop's resources with the scripted policy, recording every context it is given.
+fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
-        seen.lock().unwrap().push(context.to_string());
+        contexts.lock().unwrap().push(context.to_string());
         script(context, seed)
     });
     let load = |name: &str, kind| Some(PromptTemplate::load_kind(&prompts().join(name), kind).unwrap());
     let selfplay = SelfPlay {
         policy: Arc::new(policy),
         judge: None,
-        search: Arc::new(Arc::new(Bm25Index::open(&dir.path().join("index")).unwrap())),
+        search: Arc::new(Arc::new(Bm25Index::open(&dir.join("index")).unwrap())),
         top_k: 2,
         agent: serde_yaml::from_str::<AgentSection>("{max_turns: 3, sampling: {temperature: 1.0}}").unwrap(),
         templates: Templates {
@@ -147,13 +131,58 @@ async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, R
         top_k: 2,
         queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
     };
+    LoopResources::new(selfplay, Some(memory))
+}
+
+/// Runs SPEC with `edits` applied and returns the run's tables by name; with
+/// `interrupt_after`, the run stops after that step and resumes with fresh resources.
+async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
+    run_loop_interrupted(edits, None).await
+}
+
+async fn run_loop_interrupted(
+    edits: &[(&str, &str)],
+    interrupt_after: Option<u64>,
+) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
+    let dir = tempfile::tempdir().unwrap();
+    world(dir.path());
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
+    let mut text = SPEC
+        .replace("SEEDS", seeds.to_str().unwrap())
+        .replace("TARGETS", dir.path().join("world/targets.jsonl").to_str().unwrap());
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, &text).unwrap();
+    let pipeline = load_pipeline(&spec, &[], &sesa_stages::registry()).unwrap();
+
+    let contexts = Arc::new(Mutex::new(Vec::new()));
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
-    let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| {
-        r.insert(Arc::new(selfplay));
-        r.insert(Arc::new(memory));
-    });
-    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
-    run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap();
+    let mut run = Run::create(&root, pipeline, "test").await.unwrap();
+    let first = resources(dir.path(), contexts.clone());
+    run = run.with_resources(|r| first.install(r));
+    let (stop_sender, stop) = tokio::sync::watch::channel(StopRequest::None);
+    if let Some(after) = interrupt_after {
+        // Stop after step `after` commits, then resume in a fresh process-like state.
+        let commit = dir.path().join("runs").join(run.id()).join(format!("commits/step-{after:08}.json"));
+        tokio::spawn(async move {
+            while !commit.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            let _ = stop_sender.send(StopRequest::AfterStep);
+        });
+        assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Interrupted);
+        let mut resumed = Run::open(&root, run.id(), &sesa_stages::registry()).await.unwrap();
+        let fresh = resources(dir.path(), contexts.clone());
+        fresh.restore(&root, run.id()).await.unwrap();
+        resumed = resumed.with_resources(|r| fresh.install(r));
+        let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+        assert_eq!(resumed.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
+    } else {
+        run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap();
+    }
     let mut tables = BTreeMap::new();
     for table in
         ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events", "step_metrics"]
@@ -299,4 +328,41 @@ async fn the_same_seed_gives_the_same_tables() {
     for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
         assert_eq!(first[table], second[table], "table {table} differs between runs with the same seed");
     }
+}
+
+/// A run stopped after step 3 and resumed (bank, failure queue and reuse pool rebuilt from its
+/// tables) ends with exactly the tables of an uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_loop_restores_its_memory_exactly() {
+    let (_a, straight) = run_loop(&[]).await;
+    let (_b, resumed) = run_loop_interrupted(&[], Some(3)).await;
+    for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
+        assert_eq!(straight[table], resumed[table], "table {table} differs after a resume");
+    }
+}
+
+/// `sesa skills show / diff / export / import` on a run's bank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sesa_skills_reads_a_runs_bank() {
+    let (lp, _) = run_loop(&[]).await;
+    let run = lp.run_dir.to_str().unwrap();
+    let cwd = lp.run_dir.parent().unwrap();
+    let show = crate::support::run_sesa(&["skills", "show", run, "--version", "1"], cwd);
+    let text = crate::support::stdout(&show);
+    assert!(text.starts_with("bank version 1: 15 skills (15 seed)\n"), "{text}");
+    assert!(text.contains("seed-01"), "{text}");
+    let latest = crate::support::stdout(&crate::support::run_sesa(&["skills", "show", run], cwd));
+    let version = latest.strip_prefix("bank version ").and_then(|r| r.split(':').next()).unwrap().to_string();
+    let diff = crate::support::stdout(&crate::support::run_sesa(&["skills", "diff", run, "1", &version], cwd));
+    assert!(diff.lines().any(|l| l.starts_with("+ s2-")), "{diff}\n{latest}");
+    assert!(diff.contains("(from f"), "lineage: {diff}");
+    let missing = crate::support::run_sesa(&["skills", "show", run, "--version", "99"], cwd);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("has no bank version 99"));
+    let export = cwd.join("bank.json");
+    let exported = crate::support::run_sesa(&["skills", "export", run, "--out", export.to_str().unwrap()], cwd);
+    assert_eq!(exported.status.code(), Some(0), "{}", String::from_utf8_lossy(&exported.stderr));
+    let imported =
+        crate::support::stdout(&crate::support::run_sesa(&["skills", "import", export.to_str().unwrap()], cwd));
+    assert!(imported.contains("skills (15 seed,"), "{imported}");
 }

@@ -53,7 +53,7 @@ pub struct StageInstance {
     pub after: Vec<String>,
     /// When it runs.
     pub schedule: Schedule,
-    /// Its own config, as JSON, for fingerprints.
+    /// Its own config as written (no defaults), as JSON: for fingerprints and graphs.
     pub(crate) config: serde_json::Value,
     pub(crate) stage: Arc<dyn DynStage>,
 }

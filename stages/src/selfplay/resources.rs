@@ -113,6 +113,11 @@ pub struct LoopResources {
 }
 
 impl LoopResources {
+    /// Resources built by hand (tests, embedding sesa in another program).
+    pub fn new(selfplay: SelfPlay, memory: Option<SkillMemory>) -> LoopResources {
+        LoopResources { selfplay: Arc::new(selfplay), memory: memory.map(Arc::new) }
+    }
+
     /// Opens everything the spec's sections describe: generates the world and builds the index
     /// if they are missing, fetches and loads models. `None` when the spec has no `model:`
     /// section (nothing of the loop to run).

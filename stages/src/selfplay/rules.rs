@@ -120,7 +120,7 @@ pub fn solver_reward(response: &str, answer: Option<&str>, golds: &[String], jud
 #[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProposerReward {
     /// SSP: 1 − p̂.
-    Adversarial,
+    Adversarial {},
     /// SESA: −λ at p̂ ∈ {0, 1}, else 4(ℓ + p̂)(h − p̂).
     Frontier {
         /// The endpoint penalty λ > 0.
@@ -152,7 +152,7 @@ impl ProposerReward {
     pub fn reward(&self, p: f64) -> f64 {
         let interior = p > 0.0 && p < 1.0;
         match *self {
-            ProposerReward::Adversarial => 1.0 - p,
+            ProposerReward::Adversarial {} => 1.0 - p,
             ProposerReward::Frontier { lambda, low, high } => {
                 if interior {
                     4.0 * (low + p) * (high - p)
