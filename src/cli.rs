@@ -559,14 +559,23 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
         return Ok(());
     }
     let mut steps: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, f64>> = Default::default();
+    // Per stage: wall, generation and search milliseconds over the run.
+    let mut stages: std::collections::BTreeMap<String, [f64; 3]> = Default::default();
     for (step, batch) in &batches {
         let column = |name: &str| batch.column_by_name(name).cloned();
-        let (Some(metrics), Some(values)) = (column("metric"), column("value")) else { continue };
+        let (Some(names), Some(metrics), Some(values)) = (column("stage"), column("metric"), column("value")) else {
+            continue;
+        };
+        let names = names.as_any().downcast_ref::<arrow_array::StringArray>().context("step_metrics.stage")?;
         let metrics = metrics.as_any().downcast_ref::<arrow_array::StringArray>().context("step_metrics.metric")?;
         let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().context("step_metrics.value")?;
         let row = steps.entry(*step).or_default();
-        for (metric, value) in metrics.iter().zip(values.iter()) {
-            let (Some(metric), Some(value)) = (metric, value) else { continue };
+        for ((stage, metric), value) in names.iter().zip(metrics.iter()).zip(values.iter()) {
+            let (Some(stage), Some(metric), Some(value)) = (stage, metric, value) else { continue };
+            let slot = ["wall_ms", "generation_ms", "search_ms"].iter().position(|m| *m == metric);
+            if let Some(slot) = slot {
+                stages.entry(stage.to_string()).or_default()[slot] += value;
+            }
             // Tokens add up over stages; for the rest, the last stage to report wins.
             if metric == "tokens" {
                 *row.entry(metric.to_string()).or_default() += value;
@@ -591,6 +600,18 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
             line.push_str(&format!(" {cell:>9}"));
         }
         println!("{line}");
+    }
+    println!("{:<12} {:>10} {:>12} {:>10}", "stage", "wall s", "generation s", "search s");
+    let mut totals = [0.0; 3];
+    for (stage, [wall, generation, search]) in &stages {
+        println!("{stage:<12} {:>10.1} {:>12.1} {:>10.2}", wall / 1e3, generation / 1e3, search / 1e3);
+        totals = [totals[0] + wall, totals[1] + generation, totals[2] + search];
+    }
+    if totals[0] > 0.0 {
+        println!(
+            "outside generation and search: {:.1}% of stage time",
+            100.0 * (totals[0] - totals[1] - totals[2]).max(0.0) / totals[0]
+        );
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! - `selfplay`: the loop's stage kinds and the resources they share.
 
 pub mod agent;
+mod columns;
 pub mod data;
 pub mod memory;
 pub mod models;

@@ -67,7 +67,7 @@ fn script(context: &str, seed: u64) -> String {
         return format!("<search>{question}</search>");
     }
     match question.split_whitespace().find_map(|w| w.strip_prefix("CODE-")) {
-        Some(code) if seed % 3 != 0 => format!("<answer>{}</answer>", decode(code)),
+        Some(code) if !seed.is_multiple_of(3) => format!("<answer>{}</answer>", decode(code)),
         _ => "<answer>nobody</answer>".to_string(),
     }
 }
@@ -78,10 +78,20 @@ struct Loop {
     contexts: Arc<Mutex<Vec<String>>>,
 }
 
-fn world(dir: &Path) {
-    let world = World::generate(WorldConfig { seed: 3, entities: 120, questions: 10 });
-    world.write(&dir.join("world")).unwrap();
-    Bm25Index::build(&dir.join("world/corpus.jsonl"), &dir.join("index"), |_| {}).unwrap();
+/// One small world and its index for every loop test of this process. Shared, because BM25
+/// ties between passages are broken by their place in the index, which a multi-threaded build
+/// does not fix: the same index gives the same results, a rebuilt one may order ties otherwise.
+fn world() -> &'static Path {
+    static WORLD: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    WORLD
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let world = World::generate(WorldConfig { seed: 3, entities: 120, questions: 10 });
+            world.write(&dir.path().join("world")).unwrap();
+            Bm25Index::build(&dir.path().join("world/corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
+            dir
+        })
+        .path()
 }
 
 const SPEC: &str = "\
@@ -134,22 +144,21 @@ fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
     LoopResources::new(selfplay, Some(memory))
 }
 
-/// Runs SPEC with `edits` applied and returns the run's tables by name; with
-/// `interrupt_after`, the run stops after that step and resumes with fresh resources.
+/// Runs SPEC with `edits` applied and returns the run's tables by name; with `crashed_after`,
+/// the steps after that one are undone as by a crash and the run resumes with fresh resources.
 async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
     run_loop_interrupted(edits, None).await
 }
 
 async fn run_loop_interrupted(
     edits: &[(&str, &str)],
-    interrupt_after: Option<u64>,
+    crashed_after: Option<u64>,
 ) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
     let dir = tempfile::tempdir().unwrap();
-    world(dir.path());
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
     let mut text = SPEC
         .replace("SEEDS", seeds.to_str().unwrap())
-        .replace("TARGETS", dir.path().join("world/targets.jsonl").to_str().unwrap());
+        .replace("TARGETS", world().join("world/targets.jsonl").to_str().unwrap());
     for (from, to) in edits {
         assert!(text.contains(from), "{from}");
         text = text.replace(from, to);
@@ -161,27 +170,27 @@ async fn run_loop_interrupted(
     let contexts = Arc::new(Mutex::new(Vec::new()));
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap();
-    let first = resources(dir.path(), contexts.clone());
+    let first = resources(world(), contexts.clone());
     run = run.with_resources(|r| first.install(r));
-    let (stop_sender, stop) = tokio::sync::watch::channel(StopRequest::None);
-    if let Some(after) = interrupt_after {
-        // Stop after step `after` commits, then resume in a fresh process-like state.
-        let commit = dir.path().join("runs").join(run.id()).join(format!("commits/step-{after:08}.json"));
-        tokio::spawn(async move {
-            while !commit.exists() {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
+    if let Some(after) = crashed_after {
+        // As if the process died before the later steps committed: drop their commit records
+        // and files, then resume with fresh resources rebuilt from the tables.
+        let run_dir = dir.path().join("runs").join(run.id());
+        for step in after + 1..=run.manifest().steps {
+            std::fs::remove_file(run_dir.join(format!("commits/step-{step:08}.json"))).unwrap();
+            for table in std::fs::read_dir(run_dir.join("tables")).unwrap() {
+                let _ = std::fs::remove_dir_all(table.unwrap().path().join(format!("step={step}")));
             }
-            let _ = stop_sender.send(StopRequest::AfterStep);
-        });
-        assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Interrupted);
+        }
         let mut resumed = Run::open(&root, run.id(), &sesa_stages::registry()).await.unwrap();
-        let fresh = resources(dir.path(), contexts.clone());
+        assert_eq!(resumed.manifest().committed_steps, after);
+        let fresh = resources(world(), contexts.clone());
         fresh.restore(&root, run.id()).await.unwrap();
         resumed = resumed.with_resources(|r| fresh.install(r));
         let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
         assert_eq!(resumed.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
-    } else {
-        run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap();
     }
     let mut tables = BTreeMap::new();
     for table in
@@ -330,12 +339,12 @@ async fn the_same_seed_gives_the_same_tables() {
     }
 }
 
-/// A run stopped after step 3 and resumed (bank, failure queue and reuse pool rebuilt from its
-/// tables) ends with exactly the tables of an uninterrupted run.
+/// A run that crashed after step 2 and resumed (bank, failure queue and reuse pool rebuilt from
+/// its tables) ends with exactly the tables of an uninterrupted run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_loop_restores_its_memory_exactly() {
     let (_a, straight) = run_loop(&[]).await;
-    let (_b, resumed) = run_loop_interrupted(&[], Some(3)).await;
+    let (_b, resumed) = run_loop_interrupted(&[], Some(2)).await;
     for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
         assert_eq!(straight[table], resumed[table], "table {table} differs after a resume");
     }
@@ -365,4 +374,56 @@ async fn sesa_skills_reads_a_runs_bank() {
     let imported =
         crate::support::stdout(&crate::support::run_sesa(&["skills", "import", export.to_str().unwrap()], cwd));
     assert!(imported.contains("skills (15 seed,"), "{imported}");
+}
+
+/// One short step of `specs/quickstart.yaml` with the real SmolLM2 and MiniLM on the CPU (both
+/// fetched into the model cache on first use): tiny batches and budgets, consolidation on step 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_real_run_of_the_quickstart() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().to_str().unwrap();
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/quickstart.yaml");
+    let overrides: Vec<String> = [
+        "steps=1".to_string(),
+        format!("world.dir={tmp}/world"),
+        "world.entities=200".into(),
+        format!("search.backend.index={tmp}/index"),
+        format!("search.backend.corpus={tmp}/world/corpus.jsonl"),
+        format!("stages.propose.targets={tmp}/world/targets.jsonl"),
+        format!("stages.verify.fallback_questions={tmp}/world/questions.jsonl"),
+        "stages.propose.batch=1".into(),
+        "stages.solve.n_rollouts=2".into(),
+        "agent.max_turns=2".into(),
+        "agent.max_turn_tokens=24".into(),
+        "agent.max_total_tokens=48".into(),
+        "model.instances=1".into(),
+        "stages.consolidate.schedule=every_step".into(),
+        "stages.consolidate.max_tokens=160".into(),
+    ]
+    .to_vec();
+    let pipeline = load_pipeline(&spec, &overrides, &sesa_stages::registry()).unwrap();
+    let resources = LoopResources::open(pipeline.spec()).await.unwrap().expect("the quickstart has a model");
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
+    let table = |name: &'static str| {
+        let root = root.clone();
+        let id = run.id().to_string();
+        async move { read_table(&root, &id, name).await.unwrap() }
+    };
+    let proposals = table("proposals").await;
+    assert_eq!(proposals[0].1.num_rows(), 1);
+    let rollouts = table("rollouts").await;
+    assert_eq!(rollouts[0].1.num_rows(), 2, "one question (proposed, reused or dummy), two rollouts");
+    let exact = rollouts[0].1.column_by_name("tokens_exact").unwrap();
+    let exact = exact.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+    assert!(exact.iter().all(|e| e == Some(true)), "mistral.rs gives exact token ids");
+    let seeds = table("skills").await;
+    assert_eq!(seeds[0].1.num_rows(), 15, "priming's snapshot holds the seed skills");
+    let consolidations = table("consolidations").await;
+    let failures = table("failures").await;
+    if failures.iter().any(|(_, b)| b.num_rows() > 0) {
+        assert_eq!(consolidations[0].1.num_rows(), 1, "queued failures were distilled");
+    }
 }

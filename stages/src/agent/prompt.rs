@@ -239,7 +239,7 @@ mod tests {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_stem().unwrap().to_str().unwrap().to_string();
-            let kind = [SOLVER_PROMPT, PROPOSER_PROMPT, VERIFIER_PROMPT, JUDGE_PROMPT]
+            let kind = [SOLVER_PROMPT, PROPOSER_PROMPT, VERIFIER_PROMPT, JUDGE_PROMPT, DISTILL_PROMPT]
                 .into_iter()
                 .find(|k| name.starts_with(k.name))
                 .unwrap_or_else(|| panic!("{name}: prompt files are named after their kind"));
@@ -247,7 +247,7 @@ mod tests {
             loaded.push(name);
         }
         loaded.sort();
-        assert_eq!(loaded, ["judge", "proposer", "proposer_small", "solver", "solver_small", "verifier"]);
+        assert_eq!(loaded, ["distill", "judge", "proposer", "proposer_small", "solver", "solver_small", "verifier"]);
     }
 
     #[test]

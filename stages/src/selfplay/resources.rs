@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use sesa_engine::spec::Spec;
 use sesa_engine::{ArtifactStore, Resources, RunError, read_table};
 
-use super::columns::Reader;
 use super::rules::FailureQueue;
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
+use crate::columns::Reader;
 use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, SkillBank, skills_from_batch};
 use crate::policy::Policy;
 use crate::search::{Search, SearchConfig};
@@ -207,10 +207,11 @@ impl LoopResources {
                 }
             }
         }
-        let mut pool = self.selfplay.pool.lock().expect("pool lock");
+        let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {
-            pool.extend(pooled(step, &batch).map_err(|e| corrupt(e.to_string()))?);
+            restored.extend(pooled(step, &batch).map_err(|e| corrupt(e.to_string()))?);
         }
+        self.selfplay.pool.lock().expect("pool lock").extend(restored);
         Ok(())
     }
 

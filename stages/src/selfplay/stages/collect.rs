@@ -12,8 +12,8 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::reward::Reward;
 use super::solve::Solve;
 use super::{elapsed_ms, failed, metrics_batch, metrics_table};
+use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{FailureRecord, clean};
-use crate::selfplay::columns::{Columns, Reader, schema_of};
 use crate::selfplay::resources::SkillMemory;
 
 /// The config of `collect`.

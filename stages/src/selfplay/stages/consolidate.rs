@@ -11,9 +11,9 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
+use crate::columns::{Columns, schema_of};
 use crate::memory::{Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, skills_batch};
 use crate::policy::Sampling;
-use crate::selfplay::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 
 /// The config of `consolidate`.
@@ -113,6 +113,7 @@ impl Stage for Consolidate {
         let mut consolidations = Vec::new();
         let mut snapshot = skills_batch(0, &[])?;
         let mut version = memory.bank.lock().expect("bank lock").version();
+        let mut generation_ms = 0.0;
         if queued.len() >= self.config.min_failures && !queued.is_empty() {
             let template = Templates::require(&selfplay.templates.distill, "distill")?;
             let distiller = Distiller {
@@ -124,7 +125,9 @@ impl Stage for Consolidate {
             };
             let batches: Vec<&[FailureRecord]> = queued.chunks(self.config.batch).collect();
             let seeds: Vec<u64> = (0..batches.len() as u64).map(|b| cx.seed(b)).collect();
+            let generation = Instant::now();
             let distilled = distiller.distill(&batches, &seeds).await.map_err(|e| failed("distillation", e))?;
+            generation_ms = elapsed_ms(generation);
             let mut record = Consolidation {
                 failure_ids: queued.iter().map(|f| f.id.clone()).collect(),
                 candidates: 0,
@@ -190,6 +193,7 @@ impl Stage for Consolidate {
             ("skills_evicted", consolidations.iter().map(|c| c.evicted as f64).sum()),
             ("bank_size", bank_size as f64),
             ("queue_length", memory.queue.lock().expect("queue lock").len() as f64),
+            ("generation_ms", generation_ms),
             ("wall_ms", elapsed_ms(clock)),
         ];
         tables.insert("skills", snapshot);

@@ -21,8 +21,8 @@ pub use self::propose::Propose;
 pub use self::reward::Reward;
 pub use self::solve::Solve;
 pub use self::verify::Verify;
-use super::columns::{Columns, schema_of};
 use crate::agent::{Outcome, Trajectory};
+use crate::columns::{Columns, schema_of};
 
 /// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
 /// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.
@@ -77,6 +77,21 @@ fn outcome_name(outcome: &Outcome) -> String {
         Outcome::TokenBudget => "token_budget".into(),
         Outcome::ContextLimit => "context_limit".into(),
     }
+}
+
+/// Wall time of a batch of episodes spent in generation and in search, in milliseconds: the
+/// episodes advance turn by turn together, so each turn's batched call counts once.
+fn generation_and_search_ms(trajectories: &[Trajectory]) -> (f64, f64) {
+    let turns = trajectories.iter().map(|t| t.turns.len()).max().unwrap_or(0);
+    let mut totals = (0.0, 0.0);
+    for turn in 0..turns {
+        let at = |f: fn(&crate::agent::Turn) -> u64| {
+            trajectories.iter().filter_map(|t| t.turns.get(turn)).map(f).max().unwrap_or(0) as f64
+        };
+        totals.0 += at(|t| t.generation_ms);
+        totals.1 += at(|t| t.search_ms);
+    }
+    totals
 }
 
 /// Milliseconds since `clock`, as a metric value.

@@ -11,9 +11,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table, with_trajectories};
+use super::{elapsed_ms, failed, generation_and_search_ms, mean, metrics_batch, metrics_table, with_trajectories};
 use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
-use crate::selfplay::columns::{Columns, schema_of};
+use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
 
@@ -163,6 +163,7 @@ impl Stage for Propose {
         let mut progress = cx.progress(episodes.len() as u64);
         let trajectories = agent.run(&episodes).await.map_err(|e| failed("proposer episodes", e))?;
         progress.inc(episodes.len() as u64);
+        let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
         let proposals: Vec<Proposal> = targets
             .into_iter()
             .zip(trajectories)
@@ -184,6 +185,8 @@ impl Stage for Propose {
             ("proposals", proposals.len() as f64),
             ("valid_rate", mean(proposals.iter().map(|p| f64::from(p.verdict.is_ok() as u8)))),
             ("tokens", proposals.iter().map(|p| p.trajectory.generated_tokens() as f64).sum()),
+            ("generation_ms", generation_ms),
+            ("search_ms", search_ms),
             ("wall_ms", elapsed_ms(clock)),
         ];
         Ok(Tables::new()

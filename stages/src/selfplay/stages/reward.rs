@@ -15,9 +15,9 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::solve::Solve;
 use super::verify::{Verify, judge_answers};
 use super::{elapsed_ms, mean, metrics_batch, metrics_table, skills_table};
+use crate::columns::{Columns, Reader, schema_of};
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
-use crate::selfplay::columns::{Columns, Reader, schema_of};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 use crate::selfplay::rules::{ProposerReward, solver_reward};
 
@@ -109,6 +109,7 @@ impl Stage for Reward {
         let skill_ids = rollouts.strs("skill_ids")?;
 
         let mut judged: Vec<Option<bool>> = vec![None; rollouts.rows()];
+        let generation = Instant::now();
         if self.config.judge_fallback {
             let template = Templates::require(&selfplay.templates.judge, "judge")?;
             let misses: Vec<usize> = (0..rollouts.rows())
@@ -126,6 +127,7 @@ impl Stage for Reward {
                 judged[i] = Some(verdict);
             }
         }
+        let generation_ms = if self.config.judge_fallback { elapsed_ms(generation) } else { 0.0 };
         let rewards: Vec<f64> = (0..rollouts.rows())
             .map(|i| solver_reward(responses[i], answers[i], &[targets[i].to_string()], judged[i]))
             .collect();
@@ -191,6 +193,7 @@ impl Stage for Reward {
             ("mean_p_hat", mean(proposed.iter().copied())),
             ("frontier_share", mean(proposed.iter().map(|&p| f64::from(p > 0.0 && p < 1.0)))),
             ("proposer_reward_mean", mean(proposer_rewards.iter().copied())),
+            ("generation_ms", generation_ms),
             ("wall_ms", elapsed_ms(clock)),
         ];
         metrics.extend(bank_metrics);

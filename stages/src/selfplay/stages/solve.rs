@@ -11,10 +11,12 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, with_trajectories};
+use super::{
+    elapsed_ms, failed, generation_and_search_ms, metrics_batch, metrics_table, skill_events_table, with_trajectories,
+};
 use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
+use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{SkillEvent, SkillEventKind, events_batch};
-use crate::selfplay::columns::{Columns, Reader, schema_of};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 
 /// The config of `solve`.
@@ -23,6 +25,15 @@ use crate::selfplay::resources::{SelfPlay, SkillMemory};
 pub struct SolveConfig {
     /// Trajectories per question: the GRPO group (SSP: 5).
     pub n_rollouts: usize,
+    /// The first step whose solver sees skills. Later than 1, the steps before it are bootstrap
+    /// mining: self-play without memory whose failures the first consolidation distils into
+    /// the initial bank (with `consolidate` scheduled at that step).
+    #[serde(default = "first_step")]
+    pub skills_from_step: u64,
+}
+
+fn first_step() -> u64 {
+    1
 }
 
 /// The solver.
@@ -101,7 +112,7 @@ impl Stage for Solve {
     async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
-        let memory = cx.resource::<SkillMemory>().ok();
+        let memory = cx.resource::<SkillMemory>().ok().filter(|_| cx.step() >= self.config.skills_from_step);
         let batch = inputs.get("verifications")?;
         let verifications = Reader::new("verifications", batch);
         let items = verifications.u64("item")?;
@@ -163,6 +174,7 @@ impl Stage for Solve {
         let mut progress = cx.progress(episodes.len() as u64);
         let trajectories = agent.run(&episodes).await.map_err(|e| failed("solver episodes", e))?;
         progress.inc(episodes.len() as u64);
+        let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
         let rollouts: Vec<Rollout> = rows
             .into_iter()
             .zip(trajectories)
@@ -181,6 +193,8 @@ impl Stage for Solve {
             ("rollouts", rollouts.len() as f64),
             ("skills_retrieved", events.len() as f64),
             ("tokens", rollouts.iter().map(|r| r.trajectory.generated_tokens() as f64).sum()),
+            ("generation_ms", generation_ms),
+            ("search_ms", search_ms),
             ("wall_ms", elapsed_ms(clock)),
         ];
         Ok(Tables::new()

@@ -14,9 +14,10 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use crate::columns::{Columns, Reader, schema_of};
+use crate::data::datasets::load_questions;
 use crate::data::metrics::exact_match;
 use crate::policy::{GenerationRequest, Policy, Sampling};
-use crate::selfplay::columns::{Columns, Reader, schema_of};
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
 
@@ -69,6 +70,10 @@ pub struct VerifyConfig {
     /// The reuse pool is emptied every this many steps (SSP: 10).
     #[serde(default = "ten")]
     pub pool_clear_interval: u64,
+    /// Questions (FlashRAG JSONL) that `reuse` draws from while the pool is empty, instead of
+    /// a dummy: for small proposers that rarely write a valid question (the quickstart).
+    #[serde(default)]
+    pub fallback_questions: Option<std::path::PathBuf>,
 }
 
 fn four() -> usize {
@@ -213,11 +218,14 @@ impl Stage for Verify {
                 }
             })
             .collect();
+        let generation = Instant::now();
         let replies = verifier.generate(&requests).await.map_err(|e| failed("verifier", e))?;
         let answers: Vec<String> = replies.iter().map(|r| verifier_answer(&r.text)).collect();
         let mut accepted: Vec<bool> =
             valid.iter().zip(&answers).map(|(&i, a)| exact_match(a, &[targets[i].to_string()]) > 0.0).collect();
+        let mut generation_ms = elapsed_ms(generation);
         if self.config.judge_fallback {
+            let generation = Instant::now();
             let judge_template = Templates::require(&selfplay.templates.judge, "judge")?;
             let misses: Vec<usize> = (0..valid.len()).filter(|&k| !accepted[k] && !answers[k].is_empty()).collect();
             let items: Vec<(String, String, String)> = misses
@@ -234,12 +242,17 @@ impl Stage for Verify {
             for (&k, verdict) in misses.iter().zip(verdicts) {
                 accepted[k] = verdict;
             }
+            generation_ms += elapsed_ms(generation);
         }
 
         let pool_start = pool_start(cx.step(), self.config.pool_clear_interval);
         let mut pool = selfplay.pool.lock().expect("pool lock");
         pool.retain(|q| q.step >= pool_start);
         let available = pool.clone();
+        let fallback = match (&self.config.fallback_questions, available.is_empty()) {
+            (Some(path), true) => load_questions(path).map_err(|e| failed("fallback questions", e))?,
+            _ => Vec::new(),
+        };
         let mut rows = Vec::with_capacity(proposals.rows());
         for i in 0..proposals.rows() {
             let checked = valid.iter().position(|&v| v == i);
@@ -251,11 +264,14 @@ impl Stage for Verify {
             let (solver_question, solver_target, source) = if accept {
                 (questions[i].map(str::to_string), targets[i].to_string(), "proposed")
             } else {
+                let mut rng = cx.rng(2_000_000 + i as u64);
                 let reused = match self.config.invalid {
                     InvalidStrategy::Reuse if !available.is_empty() => {
-                        let mut rng = cx.rng(2_000_000 + i as u64);
                         available.choose(&mut rng).map(|q| (q.question.clone(), q.target.clone()))
                     }
+                    InvalidStrategy::Reuse => fallback
+                        .choose(&mut rng)
+                        .map(|q| (q.question.clone(), q.golden_answers.first().cloned().unwrap_or_default())),
                     _ => None,
                 };
                 match (self.config.invalid, reused) {
@@ -285,6 +301,7 @@ impl Stage for Verify {
             ("checked", valid.len() as f64),
             ("pass_rate", mean(accepted.iter().map(|&a| f64::from(a as u8)))),
             ("accepted", rows.iter().filter(|r| r.accepted).count() as f64),
+            ("generation_ms", generation_ms),
             ("wall_ms", elapsed_ms(clock)),
         ];
         Ok(Tables::new()

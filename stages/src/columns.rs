@@ -1,4 +1,4 @@
-//! Building and reading the loop's Arrow tables. A table is defined once, by the function that
+//! Building and reading the Arrow tables of the stages and the skill memory. A table is defined once, by the function that
 //! builds it from rows; a stage declares its schema by building it from no rows.
 
 use std::sync::Arc;
