@@ -79,6 +79,29 @@ fn outcome_name(outcome: &Outcome) -> String {
     }
 }
 
+/// Episodes played by `role` with the run's policy and search, with progress; returns the
+/// trajectories and the milliseconds spent in generation and in search.
+async fn play(
+    cx: &sesa_engine::StageContext,
+    selfplay: &crate::selfplay::SelfPlay,
+    role: crate::agent::Role,
+    episodes: &[crate::agent::Episode],
+) -> Result<(Vec<Trajectory>, f64, f64), StageError> {
+    let agent = crate::agent::AgentRun {
+        role,
+        policy: selfplay.policy.as_ref(),
+        search: selfplay.search.as_ref(),
+        top_k: selfplay.top_k,
+        limits: selfplay.agent.limits(),
+        sampling: selfplay.agent.sampling,
+    };
+    let mut progress = cx.progress(episodes.len() as u64);
+    let trajectories = agent.run(episodes).await.map_err(|e| failed(&format!("{role:?} episodes"), e))?;
+    progress.inc(episodes.len() as u64);
+    let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
+    Ok((trajectories, generation_ms, search_ms))
+}
+
 /// Wall time of a batch of episodes spent in generation and in search, in milliseconds: the
 /// episodes advance turn by turn together, so each turn's batched call counts once.
 fn generation_and_search_ms(trajectories: &[Trajectory]) -> (f64, f64) {

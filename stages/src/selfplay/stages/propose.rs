@@ -11,8 +11,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{elapsed_ms, failed, generation_and_search_ms, mean, metrics_batch, metrics_table, with_trajectories};
-use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
+use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table, play, with_trajectories};
+use crate::agent::{Episode, Outcome, Role, Trajectory};
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -152,18 +152,7 @@ impl Stage for Propose {
                     seed: cx.seed(i as u64),
                 })
                 .collect();
-        let agent = AgentRun {
-            role: Role::Proposer,
-            policy: selfplay.policy.as_ref(),
-            search: selfplay.search.as_ref(),
-            top_k: selfplay.top_k,
-            limits: selfplay.agent.limits(),
-            sampling: selfplay.agent.sampling,
-        };
-        let mut progress = cx.progress(episodes.len() as u64);
-        let trajectories = agent.run(&episodes).await.map_err(|e| failed("proposer episodes", e))?;
-        progress.inc(episodes.len() as u64);
-        let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
+        let (trajectories, generation_ms, search_ms) = play(cx, &selfplay, Role::Proposer, &episodes).await?;
         let proposals: Vec<Proposal> = targets
             .into_iter()
             .zip(trajectories)

@@ -11,10 +11,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{
-    elapsed_ms, failed, generation_and_search_ms, metrics_batch, metrics_table, skill_events_table, with_trajectories,
-};
-use crate::agent::{AgentRun, Episode, Outcome, Role, Trajectory};
+use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
+use crate::agent::{Episode, Outcome, Role, Trajectory};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{SkillEvent, SkillEventKind, events_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
@@ -163,18 +161,7 @@ impl Stage for Solve {
                 rows.push((k, i, rollout));
             }
         }
-        let agent = AgentRun {
-            role: Role::Solver,
-            policy: selfplay.policy.as_ref(),
-            search: selfplay.search.as_ref(),
-            top_k: selfplay.top_k,
-            limits: selfplay.agent.limits(),
-            sampling: selfplay.agent.sampling,
-        };
-        let mut progress = cx.progress(episodes.len() as u64);
-        let trajectories = agent.run(&episodes).await.map_err(|e| failed("solver episodes", e))?;
-        progress.inc(episodes.len() as u64);
-        let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
+        let (trajectories, generation_ms, search_ms) = play(cx, &selfplay, Role::Solver, &episodes).await?;
         let rollouts: Vec<Rollout> = rows
             .into_iter()
             .zip(trajectories)
