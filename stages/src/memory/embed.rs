@@ -38,8 +38,8 @@ pub struct MiniLm {
     device: Device,
 }
 
-/// Texts per forward pass: large enough to use both cores, small enough that padding to the
-/// longest text in a batch stays cheap (texts are sorted by length first).
+/// Texts per forward pass: small enough that padding to the longest text in a batch stays cheap
+/// (texts are sorted by length first); batch 128 measured no faster.
 const BATCH: usize = 32;
 /// all-MiniLM-L6-v2 was trained on 256 tokens at most (`sentence_bert_config.json`).
 const MAX_TOKENS: usize = 256;
@@ -100,11 +100,31 @@ impl Embedder for MiniLm {
         // Sort by length so each padded batch holds texts of similar length.
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| texts[i].len());
+        let chunks: Vec<&[usize]> = order.chunks(BATCH).collect();
+        // candle's CPU BERT keeps about one core busy: batches go to one worker per core.
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, chunks.len().max(1));
+        let done: Vec<Result<Vec<(usize, Vec<f32>)>, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|worker| {
+                    let chunks = &chunks;
+                    scope.spawn(move || {
+                        let mut out = Vec::new();
+                        for chunk in chunks.iter().skip(worker).step_by(workers) {
+                            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
+                            out.extend(chunk.iter().copied().zip(self.forward(&batch)?));
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("an embedding worker panicked".into())))
+                .collect()
+        });
         let mut vectors = vec![Vec::new(); texts.len()];
-        for chunk in order.chunks(BATCH) {
-            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-            let embedded = self.forward(&batch).map_err(|message| EmbedError { name: self.name.clone(), message })?;
-            for (&i, vector) in chunk.iter().zip(embedded) {
+        for part in done {
+            for (i, vector) in part.map_err(|message| EmbedError { name: self.name.clone(), message })? {
                 vectors[i] = vector;
             }
         }
