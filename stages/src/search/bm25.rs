@@ -14,7 +14,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, EnableScoring, Query, TermQuery};
-use tantivy::schema::{Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value};
+use tantivy::schema::{FAST, Field, IndexRecordOption, STORED, STRING, Schema, TextFieldIndexing, TextOptions, Value};
 use tantivy::tokenizer::{
     Language, LowerCaser, RemoveLongFilter, SimpleTokenizer, Stemmer, StopWordFilter, TextAnalyzer, TokenStream,
 };
@@ -52,6 +52,9 @@ struct Fields {
     title: Field,
     text: Field,
     contents: Field,
+    /// The passage's position in the corpus: ties are broken by it, so results do not depend on
+    /// how a multi-threaded build split the passages into segments.
+    ordinal: Field,
 }
 
 fn schema() -> (Schema, Fields) {
@@ -61,7 +64,8 @@ fn schema() -> (Schema, Fields) {
     let text = builder.add_text_field("text", STORED);
     let indexing = TextFieldIndexing::default().set_tokenizer(ANALYZER).set_index_option(IndexRecordOption::WithFreqs);
     let contents = builder.add_text_field("contents", TextOptions::default().set_indexing_options(indexing));
-    (builder.build(), Fields { id, title, text, contents })
+    let ordinal = builder.add_u64_field("ordinal", FAST);
+    (builder.build(), Fields { id, title, text, contents, ordinal })
 }
 
 /// What building an index did.
@@ -135,6 +139,7 @@ impl Bm25Index {
             document.add_text(fields.title, &passage.title);
             document.add_text(fields.text, &passage.text);
             document.add_text(fields.contents, format!("{}\n{}", passage.title, passage.text));
+            document.add_u64(fields.ordinal, passages);
             writer.add_document(document).map_err(|e| e.to_string())?;
             passages += 1;
             if passages.is_multiple_of(4096) {
@@ -162,8 +167,13 @@ impl Bm25Index {
         let field = |name: &str| {
             schema.get_field(name).map_err(|_| index_error(format!("not a sesa index: no `{name}` field")))
         };
-        let fields =
-            Fields { id: field("id")?, title: field("title")?, text: field("text")?, contents: field("contents")? };
+        let fields = Fields {
+            id: field("id")?,
+            title: field("title")?,
+            text: field("text")?,
+            contents: field("contents")?,
+            ordinal: field("ordinal")?,
+        };
         if schema != expected {
             return Err(index_error("built by another version of sesa; rebuild it with `sesa index build`".into()));
         }
@@ -216,9 +226,17 @@ impl Bm25Index {
         let top = if searcher.num_docs() <= EXHAUSTIVE_MAX_DOCS {
             top_k_exhaustive(&searcher, &terms, k).map_err(index_error)?
         } else {
-            searcher
-                .search(&BooleanQuery::new_multiterms_query(terms), &TopDocs::with_limit(k).order_by_score())
-                .map_err(index_error)?
+            // Block-WAND by score, with room for ties at the cut, then ties by corpus order.
+            let found = searcher
+                .search(&BooleanQuery::new_multiterms_query(terms), &TopDocs::with_limit(4 * k + 8).order_by_score())
+                .map_err(index_error)?;
+            let mut ranked = found
+                .into_iter()
+                .map(|(score, address)| Ok(Ranked { score, ordinal: ordinal_of(&searcher, address)?, address }))
+                .collect::<tantivy::Result<Vec<_>>>()
+                .map_err(index_error)?;
+            ranked.sort_by(|a, b| b.cmp(a));
+            ranked.into_iter().take(k).map(|r| (r.score, r.address)).collect()
         };
         top.into_iter()
             .map(|(score, address)| {
@@ -255,11 +273,17 @@ impl Bm25Index {
     }
 }
 
-/// A scored document, ordered by score, then earlier documents first (so ties are stable).
+/// A scored document, ordered by score, then earlier passages of the corpus first.
 #[derive(Clone, Copy, PartialEq)]
 struct Ranked {
     score: Score,
+    ordinal: u64,
     address: DocAddress,
+}
+
+fn ordinal_of(searcher: &Searcher, address: DocAddress) -> tantivy::Result<u64> {
+    let column = searcher.segment_reader(address.segment_ord).fast_fields().u64("ordinal")?;
+    Ok(column.first(address.doc_id).unwrap_or(u64::MAX))
 }
 
 impl Eq for Ranked {}
@@ -272,12 +296,12 @@ impl PartialOrd for Ranked {
 
 impl Ord for Ranked {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.score.total_cmp(&other.score).then(other.address.cmp(&self.address))
+        self.score.total_cmp(&other.score).then(other.ordinal.cmp(&self.ordinal))
     }
 }
 
 /// Term-at-a-time BM25: each term's postings add its scores into a dense array per segment;
-/// then the best `k`, ties broken by document order.
+/// then the best `k`, ties broken by corpus order.
 fn top_k_exhaustive(searcher: &Searcher, terms: &[Term], k: usize) -> tantivy::Result<Vec<(Score, DocAddress)>> {
     let scoring = EnableScoring::enabled_from_searcher(searcher);
     let weights = terms
@@ -286,7 +310,8 @@ fn top_k_exhaustive(searcher: &Searcher, terms: &[Term], k: usize) -> tantivy::R
         .collect::<tantivy::Result<Vec<_>>>()?;
     // A min-heap of the best `k` so far: its top is the one to beat.
     let mut heap: BinaryHeap<Reverse<Ranked>> = BinaryHeap::with_capacity(k + 1);
-    for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
+    for (segment_ord, segment) in searcher.segment_readers().iter().enumerate() {
+        let ordinals = segment.fast_fields().u64("ordinal")?;
         let mut scores = vec![0.0 as Score; segment.max_doc() as usize];
         for weight in &weights {
             let mut scorer = weight.scorer(segment, 1.0)?;
@@ -297,10 +322,15 @@ fn top_k_exhaustive(searcher: &Searcher, terms: &[Term], k: usize) -> tantivy::R
             }
         }
         for (doc, &score) in scores.iter().enumerate() {
-            if score <= 0.0 || (heap.len() == k && score <= heap.peek().map_or(0.0, |worst| worst.0.score)) {
+            if score <= 0.0 || (heap.len() == k && score < heap.peek().map_or(0.0, |worst| worst.0.score)) {
                 continue;
             }
-            heap.push(Reverse(Ranked { score, address: DocAddress::new(ordinal as u32, doc as u32) }));
+            let ordinal = ordinals.first(doc as u32).unwrap_or(u64::MAX);
+            let candidate = Ranked { score, ordinal, address: DocAddress::new(segment_ord as u32, doc as u32) };
+            if heap.len() == k && heap.peek().is_some_and(|worst| candidate <= worst.0) {
+                continue;
+            }
+            heap.push(Reverse(candidate));
             if heap.len() > k {
                 heap.pop();
             }
