@@ -41,6 +41,8 @@ pub struct MiniLm {
 /// Texts per forward pass: small enough that padding to the longest text in a batch stays cheap
 /// (texts are sorted by length first); batch 128 measured no faster.
 const BATCH: usize = 32;
+/// Vectors with the index of their text.
+type Embedded = Vec<(usize, Vec<f32>)>;
 /// all-MiniLM-L6-v2 was trained on 256 tokens at most (`sentence_bert_config.json`).
 const MAX_TOKENS: usize = 256;
 
@@ -103,7 +105,7 @@ impl Embedder for MiniLm {
         let chunks: Vec<&[usize]> = order.chunks(BATCH).collect();
         // candle's CPU BERT keeps about one core busy: batches go to one worker per core.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, chunks.len().max(1));
-        let done: Vec<Result<Vec<(usize, Vec<f32>)>, String>> = std::thread::scope(|scope| {
+        let done: Vec<Result<Embedded, String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
                 .map(|worker| {
                     let chunks = &chunks;
