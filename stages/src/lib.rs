@@ -4,11 +4,11 @@
 //! - `agent`: the multi-turn search-agent loop (proposer, solver, evaluation).
 //! - `memory`: the skill memory (skills, embedder, bank, distillation).
 //! - `models`: the model cache (`sesa model fetch`).
-//! - `policy`: language models behind one trait (scripted for tests, OpenAI-compatible servers).
-//! - `sections`: the `model:`, `agent:` and `prompts:` sections of specs.
+//! - `policy`: language models behind one trait (mistral.rs in process, OpenAI-compatible
+//!   servers, scripted for tests).
+//! - `sections`: the `model:`, `judge:`, `agent:`, `prompts:` and `world:` sections of specs.
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
-//!
 //! - `selfplay`: the loop's stage kinds and the resources they share.
 
 pub mod agent;

@@ -245,9 +245,9 @@ impl Stage for Verify {
             generation_ms += elapsed_ms(generation);
         }
 
-        let pool_start = pool_start(cx.step(), self.config.pool_clear_interval);
+        let kept_from = pool_start(cx.step(), self.config.pool_clear_interval);
         let mut pool = selfplay.pool.lock().expect("pool lock");
-        pool.retain(|q| q.step >= pool_start);
+        pool.retain(|q| q.step >= kept_from);
         let available = pool.clone();
         let fallback = match (&self.config.fallback_questions, available.is_empty()) {
             (Some(path), true) => load_questions(path).map_err(|e| failed("fallback questions", e))?,
