@@ -56,6 +56,13 @@ pub struct SkillEvent {
     pub question_id: Option<String>,
 }
 
+impl SkillEvent {
+    /// An event about skill `skill_id`, with no nearest skill, similarity or question.
+    pub fn new(kind: SkillEventKind, skill_id: String, description: String, reason: String) -> SkillEvent {
+        SkillEvent { kind, skill_id, description, nearest: None, similarity: None, reason, question_id: None }
+    }
+}
+
 /// Kinds of `skill_events` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkillEventKind {
@@ -167,15 +174,7 @@ impl SkillBank {
     /// Admits a candidate unless it duplicates a skill (cosine above the threshold). At
     /// capacity, the lowest-utility non-seed skill makes room; seed skills are never evicted.
     pub fn admit(&mut self, id: String, text: SkillText, mut meta: SkillMeta, vector: Vec<f32>) -> Vec<SkillEvent> {
-        let event = |kind, reason: String| SkillEvent {
-            kind,
-            skill_id: id.clone(),
-            description: text.description.clone(),
-            nearest: None,
-            similarity: None,
-            reason,
-            question_id: None,
-        };
+        let event = |kind, reason: String| SkillEvent::new(kind, id.clone(), text.description.clone(), reason);
         if self.skills.iter().any(|s| s.id == id) {
             return vec![event(SkillEventKind::Rejected, format!("a skill with id `{id}` is already in the bank"))];
         }
@@ -227,15 +226,7 @@ impl SkillBank {
         let skill = self.skills.remove(index);
         self.vectors.remove(index);
         self.dirty = true;
-        SkillEvent {
-            kind: SkillEventKind::Evicted,
-            skill_id: skill.id,
-            description: skill.text.description,
-            nearest: None,
-            similarity: None,
-            reason,
-            question_id: None,
-        }
+        SkillEvent::new(SkillEventKind::Evicted, skill.id, skill.text.description, reason)
     }
 
     /// Credits each question's outcome to the skills its solver saw (see [`UsageRule`]).

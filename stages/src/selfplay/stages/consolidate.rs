@@ -141,15 +141,12 @@ impl Stage for Consolidate {
             for (batch, out) in batches.iter().zip(&distilled) {
                 for reason in &out.malformed {
                     record.malformed += 1;
-                    events.push(SkillEvent {
-                        kind: SkillEventKind::Rejected,
-                        skill_id: format!("s{}-{n}", cx.step()),
-                        description: String::new(),
-                        nearest: None,
-                        similarity: None,
-                        reason: format!("malformed judge output: {reason}"),
-                        question_id: None,
-                    });
+                    events.push(SkillEvent::new(
+                        SkillEventKind::Rejected,
+                        format!("s{}-{n}", cx.step()),
+                        String::new(),
+                        format!("malformed judge output: {reason}"),
+                    ));
                     n += 1;
                 }
                 let texts: Vec<String> = out.candidates.iter().map(|c| c.embedding_text()).collect();

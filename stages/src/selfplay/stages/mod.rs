@@ -117,6 +117,26 @@ fn generation_and_search_ms(trajectories: &[Trajectory]) -> (f64, f64) {
     totals
 }
 
+/// A file a stage reads on its first run and keeps: inputs named in a spec do not change
+/// during a run, so later steps skip the I/O and parsing.
+struct LoadOnce<T>(std::sync::OnceLock<std::sync::Arc<T>>);
+
+impl<T> Default for LoadOnce<T> {
+    fn default() -> Self {
+        LoadOnce(std::sync::OnceLock::new())
+    }
+}
+
+impl<T> LoadOnce<T> {
+    fn get(&self, load: impl FnOnce() -> Result<T, StageError>) -> Result<std::sync::Arc<T>, StageError> {
+        if let Some(loaded) = self.0.get() {
+            return Ok(loaded.clone());
+        }
+        let loaded = std::sync::Arc::new(load()?);
+        Ok(self.0.get_or_init(|| loaded).clone())
+    }
+}
+
 /// Milliseconds since `clock`, as a metric value.
 fn elapsed_ms(clock: Instant) -> f64 {
     clock.elapsed().as_secs_f64() * 1e3

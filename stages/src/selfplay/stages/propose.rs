@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table, play, with_trajectories};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, play, with_trajectories};
 use crate::agent::{Episode, Outcome, Role, Trajectory};
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
@@ -34,6 +34,7 @@ pub struct ProposeConfig {
 /// The proposer: writes a question for each target answer.
 pub struct Propose {
     config: ProposeConfig,
+    targets: LoadOnce<Vec<Target>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,6 +73,21 @@ fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
     with_trajectories(columns, &trajectories).finish()
 }
 
+/// Target answers from a JSON-lines file, with the line of any bad one.
+fn load_targets(path: &std::path::Path) -> Result<Vec<Target>, StageError> {
+    let text = std::fs::read_to_string(path).map_err(|e| failed(&format!("reading {}", path.display()), e))?;
+    let targets: Vec<Target> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| serde_json::from_str(line).map_err(|e| failed(&format!("{}:{}", path.display(), n + 1), e)))
+        .collect::<Result<_, _>>()?;
+    if targets.is_empty() {
+        return Err(failed(&path.display().to_string(), "no target answers"));
+    }
+    Ok(targets)
+}
+
 /// Everything the proposer retrieved: the contents of its `<information>` blocks.
 pub fn materials(response: &str) -> String {
     let mut blocks = Vec::new();
@@ -108,7 +124,7 @@ impl Stage for Propose {
         if config.rules.min_chars > config.rules.max_chars {
             problems.push(ConfigProblem::new("rules.min_chars", "cannot exceed rules.max_chars"));
         }
-        if problems.is_empty() { Ok(Propose { config }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Propose { config, targets: LoadOnce::default() }) } else { Err(problems) }
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -119,20 +135,7 @@ impl Stage for Propose {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
         let template = Templates::require(&selfplay.templates.proposer, "proposer")?;
-        let text = std::fs::read_to_string(&self.config.targets)
-            .map_err(|e| failed(&format!("reading {}", self.config.targets.display()), e))?;
-        let all: Vec<Target> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, line)| !line.trim().is_empty())
-            .map(|(n, line)| {
-                serde_json::from_str(line)
-                    .map_err(|e| failed(&format!("{}:{}", self.config.targets.display(), n + 1), e))
-            })
-            .collect::<Result<_, _>>()?;
-        if all.is_empty() {
-            return Err(failed(&self.config.targets.display().to_string(), "no target answers"));
-        }
+        let all = self.targets.get(|| load_targets(&self.config.targets))?;
         let start = (cx.step() - 1) as usize * self.config.batch;
         let targets: Vec<Target> = (0..self.config.batch)
             .map(|i| {

@@ -155,8 +155,11 @@ impl Stage for Reward {
         let sources = verifications.str("source")?;
         let proposal_items = verifications.u64("item")?;
         let mut proposer_rewards = Vec::new();
+        // p̂ of the questions the proposer wrote (not reused or dummy ones).
+        let mut proposed = Vec::new();
         for (i, &item) in proposal_items.iter().enumerate() {
             let p = p_hat.get(&item).copied().filter(|_| sources[i] == "proposed");
+            proposed.extend(p);
             let reward = p.map_or(self.config.format_penalty, |p| self.config.proposer.reward(p));
             proposer_rewards.push(reward);
             rows.push(RewardRow { role: "proposer", item, rollout: 0, reward, p_hat: p });
@@ -183,11 +186,6 @@ impl Stage for Reward {
             bank_metrics.push(("bank_size", bank.len() as f64));
             bank_metrics.push(("bank_version", bank.version() as f64));
         }
-        let proposed: Vec<f64> = p_hat
-            .iter()
-            .filter(|(item, _)| proposal_items.iter().zip(&sources).any(|(i, s)| i == *item && *s == "proposed"))
-            .map(|(_, p)| *p)
-            .collect();
         let mut metrics = vec![
             ("solver_success", mean(rewards.iter().map(|&r| f64::from(r > 0.0)))),
             ("mean_p_hat", mean(proposed.iter().copied())),

@@ -136,13 +136,14 @@ impl Stage for Solve {
                 retrieved[k] = skills.iter().map(|s| s.id.clone()).collect();
                 for (skill, similarity) in top {
                     events.push(SkillEvent {
-                        kind: SkillEventKind::Retrieved,
-                        skill_id: skill.id.clone(),
-                        description: skill.text.description.clone(),
-                        nearest: None,
                         similarity: Some(similarity),
-                        reason: "in the solver's prompt".into(),
                         question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
+                        ..SkillEvent::new(
+                            SkillEventKind::Retrieved,
+                            skill.id.clone(),
+                            skill.text.description.clone(),
+                            "in the solver's prompt".into(),
+                        )
                     });
                 }
             }

@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::exact_match;
@@ -89,6 +89,7 @@ fn ten() -> u64 {
 /// The RAG verifier.
 pub struct Verify {
     config: VerifyConfig,
+    fallback: LoadOnce<Vec<crate::data::datasets::Question>>,
 }
 
 /// One row of `verifications`.
@@ -166,7 +167,7 @@ impl Stage for Verify {
         if config.pool_clear_interval == 0 {
             problems.push(ConfigProblem::new("pool_clear_interval", "must be at least 1"));
         }
-        if problems.is_empty() { Ok(Verify { config }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Verify { config, fallback: LoadOnce::default() }) } else { Err(problems) }
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
@@ -250,8 +251,10 @@ impl Stage for Verify {
         pool.retain(|q| q.step >= kept_from);
         let available = pool.clone();
         let fallback = match (&self.config.fallback_questions, available.is_empty()) {
-            (Some(path), true) => load_questions(path).map_err(|e| failed("fallback questions", e))?,
-            _ => Vec::new(),
+            (Some(path), true) => {
+                self.fallback.get(|| load_questions(path).map_err(|e| failed("fallback questions", e)))?
+            }
+            _ => Default::default(),
         };
         let mut rows = Vec::with_capacity(proposals.rows());
         for i in 0..proposals.rows() {
