@@ -87,13 +87,19 @@ pub async fn bench_rollouts(
             sampling: setup.agent.sampling,
             seed: episode.seed,
             json_schema: None,
+            ignore_eos: true,
         })
         .collect();
+    // A freshly loaded policy, so that neither side finds the other's prompts in a KV cache.
+    let raw_policy = AgentSetup::from_spec(&spec).await?.policy;
     let clock = Instant::now();
-    let generations = policy.generate(&raw).await?;
+    let generations = raw_policy.generate(&raw).await?;
     let raw_seconds = clock.elapsed().as_secs_f64();
     let raw_tokens: usize = generations.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum();
+    let prompt_tokens: usize = results.iter().filter_map(|t| t.prompt_tokens).sum();
     println!("trajectories      {}", results.len());
+    println!("mean prompt       {} tokens", prompt_tokens / results.len().max(1));
+    println!("mean generated    {} tokens", tokens / results.len().max(1));
     println!(
         "agent loop        {loop_seconds:.1} s, {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
         results.len() as f64 * 60.0 / loop_seconds,
@@ -126,7 +132,7 @@ pub async fn bench_skills(questions: &Path, limit: usize) -> Result<u8> {
     let clock = Instant::now();
     let vectors = model.embed_batch(&refs)?;
     let seconds = clock.elapsed().as_secs_f64();
-    println!("texts             {} (batches of 32, sorted by length)", texts.len());
+    println!("texts             {} (packed passes, one worker per core)", texts.len());
     println!("embedding         {:.1} texts/s ({seconds:.2} s)", texts.len() as f64 / seconds);
     let mut single = Vec::new();
     for text in refs.iter().take(100) {

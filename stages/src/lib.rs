@@ -14,6 +14,7 @@
 pub mod agent;
 mod columns;
 pub mod data;
+mod kernels;
 pub mod memory;
 pub mod models;
 pub mod policy;

@@ -14,7 +14,10 @@ use crate::agent::{
     VERIFIER_PROMPT,
 };
 use crate::models;
-use crate::policy::{MistralRsConfig, MistralRsPolicy, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, Sampling};
+use crate::policy::{
+    CandleConfig, CandlePolicy, MistralRsConfig, MistralRsPolicy, OpenAiConfig, OpenAiPolicy, Policy, PolicyError,
+    Sampling,
+};
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -22,6 +25,9 @@ use crate::policy::{MistralRsConfig, MistralRsPolicy, OpenAiConfig, OpenAiPolicy
 pub enum ModelSection {
     /// mistral.rs in process (CPU, or CUDA with the `cuda` feature).
     Mistralrs(MistralRsConfig),
+    /// sesa's batched forward pass on candle's quantized CPU kernels, KV caches kept across
+    /// turns (llama-family GGUF; no constrained decoding).
+    Candle(CandleConfig),
     /// Any OpenAI-compatible completions server.
     Openai(OpenAiConfig),
 }
@@ -39,16 +45,10 @@ impl Section for ModelSection {
                         format!("must be between 1 and 64, got {}", config.instances),
                     ));
                 }
-                let path = Path::new(&config.model);
-                if !path.exists() && !models::KNOWN_MODELS.iter().any(|m| m.name == config.model) {
-                    let known: Vec<&str> = models::KNOWN_MODELS.iter().map(|m| m.name).collect();
-                    problems.push(ConfigProblem::new(
-                        "model",
-                        format!("`{}` is neither a file nor a known model ({})", config.model, known.join(", ")),
-                    ));
-                }
+                problems.extend(check_local_model(&config.model));
                 problems
             }
+            ModelSection::Candle(config) => check_local_model(&config.model).into_iter().collect(),
             ModelSection::Openai(config) => {
                 let mut problems = Vec::new();
                 if !config.base_url.starts_with("http://") && !config.base_url.starts_with("https://") {
@@ -63,21 +63,41 @@ impl Section for ModelSection {
     }
 }
 
+/// A local model must be a file or a name `sesa model fetch` knows.
+fn check_local_model(model: &str) -> Option<ConfigProblem> {
+    if Path::new(model).exists() || models::KNOWN_MODELS.iter().any(|m| m.name == model) {
+        return None;
+    }
+    let known: Vec<&str> = models::KNOWN_MODELS.iter().map(|m| m.name).collect();
+    Some(ConfigProblem::new("model", format!("`{model}` is neither a file nor a known model ({})", known.join(", "))))
+}
+
 impl ModelSection {
     /// Builds the policy, fetching a named local model into the cache if it is missing.
     pub async fn open(&self) -> Result<Arc<dyn Policy>, PolicyError> {
         match self {
             ModelSection::Mistralrs(config) => {
-                let path = models::resolve_or_fetch(&config.model)
-                    .await
-                    .map_err(|e| PolicyError::Backend { name: config.model.clone(), message: e.to_string() })?;
-                let file =
-                    gguf_in(&path).map_err(|message| PolicyError::Backend { name: config.model.clone(), message })?;
+                let file = local_gguf(&config.model).await?;
                 Ok(Arc::new(MistralRsPolicy::load(&file, config.instances).await?))
+            }
+            ModelSection::Candle(config) => {
+                let file = local_gguf(&config.model).await?;
+                let config = config.clone();
+                tokio::task::spawn_blocking(move || CandlePolicy::load(&file, &config))
+                    .await
+                    .map_err(|e| PolicyError::Backend { name: "candle".into(), message: e.to_string() })?
+                    .map(|policy| Arc::new(policy) as Arc<dyn Policy>)
             }
             ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone())?)),
         }
     }
+}
+
+/// The GGUF file of a local model named in a spec, fetched into the model cache if needed.
+async fn local_gguf(model: &str) -> Result<std::path::PathBuf, PolicyError> {
+    let error = |message: String| PolicyError::Backend { name: model.to_string(), message };
+    let path = models::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
+    gguf_in(&path).map_err(error)
 }
 
 /// The judge: answers the RAG check and judges answers when asked, and distils skills. Any

@@ -394,7 +394,6 @@ async fn a_short_real_run_of_the_quickstart() {
         "agent.max_turns=2".into(),
         "agent.max_turn_tokens=24".into(),
         "agent.max_total_tokens=48".into(),
-        "model.instances=1".into(),
         "stages.consolidate.schedule=every_step".into(),
         "stages.consolidate.max_tokens=160".into(),
     ]
@@ -416,7 +415,7 @@ async fn a_short_real_run_of_the_quickstart() {
     assert_eq!(rollouts[0].1.num_rows(), 2, "one question (proposed, reused or dummy), two rollouts");
     let exact = rollouts[0].1.column_by_name("tokens_exact").unwrap();
     let exact = exact.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
-    assert!(exact.iter().all(|e| e == Some(true)), "mistral.rs gives exact token ids");
+    assert!(exact.iter().all(|e| e == Some(true)), "the candle backend gives exact token ids");
     let seeds = table("skills").await;
     assert_eq!(seeds[0].1.num_rows(), 15, "priming's snapshot holds the seed skills");
     let consolidations = table("consolidations").await;

@@ -294,6 +294,7 @@ impl AgentRun<'_> {
             sampling: self.sampling,
             seed: turn_seed(episode.seed, turn),
             json_schema: None,
+            ignore_eos: false,
         }
     }
 }

@@ -143,6 +143,7 @@ impl Distiller<'_> {
                     sampling: self.sampling,
                     seed,
                     json_schema: Some(schema.clone()),
+                    ignore_eos: false,
                 }
             })
             .collect();

@@ -1,16 +1,16 @@
-//! Sentence embeddings for skill retrieval and deduplication: all-MiniLM-L6-v2 through
-//! candle-transformers' BERT (mean pooling, L2 normalisation, padded batches), behind a cache
+//! Sentence embeddings for skill retrieval and deduplication: all-MiniLM-L6-v2 through the
+//! packed BERT forward pass of [`super::bert`] (mean pooling, L2 normalisation), behind a cache
 //! keyed by the text's hash, so a skill or question is embedded once per run.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use sha2::{Digest, Sha256};
-use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
+use tokenizers::{Tokenizer, TruncationParams};
+
+use super::bert::{BertConfig, BertEncoder, Scratch};
 
 /// Why texts could not be embedded.
 #[derive(Debug, thiserror::Error)]
@@ -33,16 +33,13 @@ pub trait Embedder: Send + Sync {
 /// all-MiniLM-L6-v2 (or any BERT sentence encoder with mean pooling) on the CPU.
 pub struct MiniLm {
     name: String,
-    model: BertModel,
+    encoder: BertEncoder,
     tokenizer: Tokenizer,
-    device: Device,
 }
 
-/// Texts per forward pass: small enough that padding to the longest text in a batch stays cheap
-/// (texts are sorted by length first); batch 128 measured no faster.
-const BATCH: usize = 32;
-/// Vectors with the index of their text.
-type Embedded = Vec<(usize, Vec<f32>)>;
+/// Tokens per forward pass at most: enough rows for the dense layers to run near the core's
+/// peak, few enough that the passes spread over the cores.
+const PASS_TOKENS: usize = 1024;
 /// all-MiniLM-L6-v2 was trained on 256 tokens at most (`sentence_bert_config.json`).
 const MAX_TOKENS: usize = 256;
 
@@ -53,43 +50,22 @@ impl MiniLm {
         let error = |message: String| EmbedError { name: name.clone(), message };
         let config = std::fs::read_to_string(directory.join("config.json"))
             .map_err(|e| error(format!("{}: {e}", directory.join("config.json").display())))?;
-        let config: Config = serde_json::from_str(&config).map_err(|e| error(format!("config.json: {e}")))?;
-        let device = Device::Cpu;
-        let weights = directory.join("model.safetensors");
-        // SAFETY: the weights file is memory-mapped read-only; the model cache is not written
-        // while a run reads it.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
-            .map_err(|e| error(format!("{}: {e}", weights.display())))?;
-        let model = BertModel::load(vb, &config).map_err(|e| error(format!("loading BERT: {e}")))?;
+        let config: BertConfig = serde_json::from_str(&config).map_err(|e| error(format!("config.json: {e}")))?;
+        let encoder =
+            BertEncoder::load(&directory.join("model.safetensors"), config).map_err(|e| error(e.to_string()))?;
         let mut tokenizer = Tokenizer::from_file(directory.join("tokenizer.json"))
             .map_err(|e| error(format!("tokenizer.json: {e}")))?;
-        tokenizer.with_padding(Some(PaddingParams::default()));
+        // Packed passes need no padding (the shipped tokenizer.json pads to 128).
+        tokenizer.with_padding(None);
+        let max_length = MAX_TOKENS.min(encoder.max_tokens());
         tokenizer
-            .with_truncation(Some(TruncationParams { max_length: MAX_TOKENS, ..TruncationParams::default() }))
+            .with_truncation(Some(TruncationParams { max_length, ..TruncationParams::default() }))
             .map_err(|e| error(format!("tokenizer truncation: {e}")))?;
-        Ok(MiniLm { name, model, tokenizer, device })
+        Ok(MiniLm { name, encoder, tokenizer })
     }
 
-    fn forward(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        let encodings = self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| e.to_string())?;
-        let rows = encodings.len();
-        let width = encodings.first().map_or(0, |e| e.get_ids().len());
-        let ids: Vec<u32> = encodings.iter().flat_map(|e| e.get_ids().iter().copied()).collect();
-        let mask: Vec<u32> = encodings.iter().flat_map(|e| e.get_attention_mask().iter().copied()).collect();
-        let run = || -> candle_core::Result<Vec<Vec<f32>>> {
-            let ids = Tensor::from_vec(ids, (rows, width), &self.device)?;
-            let mask = Tensor::from_vec(mask, (rows, width), &self.device)?;
-            let types = ids.zeros_like()?;
-            let hidden = self.model.forward(&ids, &types, Some(&mask))?;
-            // Mean over the real tokens only, then unit length.
-            let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-            let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-            let counts = mask.sum(1)?;
-            let mean = summed.broadcast_div(&counts)?;
-            let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?;
-            mean.broadcast_div(&norms)?.to_vec2::<f32>()
-        };
-        run().map_err(|e| e.to_string())
+    fn error(&self, message: impl std::fmt::Display) -> EmbedError {
+        EmbedError { name: self.name.clone(), message: message.to_string() }
     }
 }
 
@@ -99,36 +75,55 @@ impl Embedder for MiniLm {
     }
 
     fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        // Sort by length so each padded batch holds texts of similar length.
-        let mut order: Vec<usize> = (0..texts.len()).collect();
-        order.sort_by_key(|&i| texts[i].len());
-        let chunks: Vec<&[usize]> = order.chunks(BATCH).collect();
-        // candle's CPU BERT keeps about one core busy: batches go to one worker per core.
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, chunks.len().max(1));
-        let done: Vec<Result<Embedded, String>> = std::thread::scope(|scope| {
+        let encodings = self.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| self.error(e))?;
+        let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        if let Some(i) = ids.iter().position(|ids| ids.is_empty()) {
+            return Err(self.error(format!("text {i} has no tokens")));
+        }
+        // Consecutive texts fill passes, one per core at least, each of PASS_TOKENS at most.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let total: usize = ids.iter().map(|ids| ids.len()).sum();
+        let limit = total.div_ceil(cores).clamp(1, PASS_TOKENS);
+        let mut passes: Vec<std::ops::Range<usize>> = Vec::new();
+        let (mut start, mut tokens) = (0, 0);
+        for (i, text) in ids.iter().enumerate() {
+            if tokens > 0 && tokens + text.len() > limit {
+                passes.push(start..i);
+                (start, tokens) = (i, 0);
+            }
+            tokens += text.len();
+        }
+        if start < ids.len() {
+            passes.push(start..ids.len());
+        }
+        // One worker per core takes the next pass; a single pass spreads its layers instead.
+        let workers = cores.min(passes.len()).max(1);
+        let threads = if workers == 1 { cores } else { 1 };
+        let next = AtomicUsize::new(0);
+        let done: Vec<Vec<(usize, Vec<Vec<f32>>)>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers)
-                .map(|worker| {
-                    let chunks = &chunks;
-                    scope.spawn(move || {
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut scratch = Scratch::default();
                         let mut out = Vec::new();
-                        for chunk in chunks.iter().skip(worker).step_by(workers) {
-                            let batch: Vec<&str> = chunk.iter().map(|&i| texts[i]).collect();
-                            out.extend(chunk.iter().copied().zip(self.forward(&batch)?));
+                        loop {
+                            let pass = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(range) = passes.get(pass) else { break out };
+                            out.push((range.start, self.encoder.embed(&ids[range.clone()], &mut scratch, threads)));
                         }
-                        Ok(out)
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("an embedding worker panicked".into())))
-                .collect()
+            handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
         });
         let mut vectors = vec![Vec::new(); texts.len()];
-        for part in done {
-            for (i, vector) in part.map_err(|message| EmbedError { name: self.name.clone(), message })? {
-                vectors[i] = vector;
+        for (start, pass) in done.into_iter().flatten() {
+            for (offset, vector) in pass.into_iter().enumerate() {
+                vectors[start + offset] = vector;
             }
+        }
+        if let Some(i) = vectors.iter().position(Vec::is_empty) {
+            return Err(self.error(format!("an embedding worker failed before text {i}")));
         }
         Ok(vectors)
     }

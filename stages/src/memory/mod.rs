@@ -6,6 +6,7 @@
 //! placeholder, and the proposer's stage is given no handle to the memory.
 
 mod bank;
+mod bert;
 mod distill;
 mod embed;
 mod sanitize;

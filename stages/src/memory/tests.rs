@@ -108,6 +108,39 @@ fn minilm_vectors_are_unit_length_and_batching_does_not_change_them() {
     }
 }
 
+/// The packed forward pass against candle-transformers' BERT, the reference implementation,
+/// one text at a time (no padding on either side). Enough texts for several passes on
+/// several workers.
+#[test]
+fn the_packed_encoder_agrees_with_candle_bert() {
+    use candle_core::{DType, Device, Tensor};
+    use candle_transformers::models::bert::{BertModel, Config};
+
+    let directory = models::fetch(&models::sesa_home(), "all-minilm-l6-v2").unwrap();
+    let config: Config =
+        serde_json::from_str(&std::fs::read_to_string(directory.join("config.json")).unwrap()).unwrap();
+    let weights = [directory.join("model.safetensors")];
+    // SAFETY: the model cache is not written while the test reads it.
+    let vb = unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&weights, DType::F32, &Device::Cpu) }.unwrap();
+    let reference = BertModel::load(vb, &config).unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::from_file(directory.join("tokenizer.json")).unwrap();
+    tokenizer.with_padding(None);
+    let texts: Vec<String> = (0..90)
+        .map(|i| format!("Question {i}: which {} came first?", "river and mountain range ".repeat(i % 13)))
+        .collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let packed = minilm().embed_batch(&texts).unwrap();
+    for (text, vector) in texts.iter().zip(&packed) {
+        let encoding = tokenizer.encode(*text, true).unwrap();
+        let ids = Tensor::new(encoding.get_ids(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let hidden = reference.forward(&ids, &ids.zeros_like().unwrap(), None).unwrap();
+        let mean: Vec<f32> = hidden.mean(1).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let norm = mean.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let largest = mean.iter().zip(vector).map(|(r, v)| (r / norm - v).abs()).fold(0.0f32, f32::max);
+        assert!(largest < 1e-5, "{text:?}: components differ by up to {largest}");
+    }
+}
+
 #[test]
 fn the_cache_embeds_each_text_once() {
     struct Counting(std::sync::Mutex<usize>);

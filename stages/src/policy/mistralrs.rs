@@ -25,11 +25,12 @@ use mistralrs::{
     Constraint, CustomLogitsProcessor, DefaultSchedulerMethod, Device, ModelDType, NormalRequest, Request,
     RequestMessage, Response, SamplingParams, SchedulerConfig, StopTokens, Tensor,
 };
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::sampling::sample;
 use super::{ChatMessage, ChatTemplate, FinishReason, Generation, GenerationRequest, Policy, PolicyError, Sampling};
 
 /// A local model served in process.
@@ -82,40 +83,12 @@ impl CustomLogitsProcessor for SeededSampler {
         let prompt_len = *state.prompt_len.get_or_insert(context.len());
         let step = context.len().saturating_sub(prompt_len);
         let values: Vec<f32> = logits.to_dtype(mistralrs::DType::F32)?.to_vec1()?;
-        let temperature = if self.sampling.temperature > 0.0 { self.sampling.temperature } else { 1.0 };
-        let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let scaled: Vec<f32> = values.iter().map(|v| (v - max) / temperature).collect();
-        let log_sum = scaled.iter().map(|v| v.exp()).sum::<f32>().ln();
-        let chosen = if self.sampling.temperature <= 0.0 {
-            scaled.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).unwrap_or(0)
-        } else {
-            let mut order: Vec<usize> = (0..scaled.len()).collect();
-            order.sort_unstable_by(|a, b| scaled[*b].total_cmp(&scaled[*a]));
-            let mut kept = Vec::new();
-            let mut mass = 0.0f32;
-            for index in order {
-                kept.push(index);
-                mass += (scaled[index] - log_sum).exp();
-                if mass >= self.sampling.top_p {
-                    break;
-                }
-            }
-            let mut draw = state.rng.random::<f32>() * mass;
-            let mut chosen = kept[kept.len() - 1];
-            for index in kept {
-                draw -= (scaled[index] - log_sum).exp();
-                if draw <= 0.0 {
-                    chosen = index;
-                    break;
-                }
-            }
-            chosen
-        };
+        let (chosen, logprob) = sample(&values, self.sampling, &mut state.rng);
         // A grammar re-sample would call again for the same step: overwrite, do not append.
         state.picks.truncate(step);
-        state.picks.push((chosen as u32, scaled[chosen] - log_sum));
+        state.picks.push((chosen, logprob));
         let mut masked = vec![f32::NEG_INFINITY; values.len()];
-        masked[chosen] = 0.0;
+        masked[chosen as usize] = 0.0;
         Tensor::from_vec(masked, values.len(), logits.device())
     }
 }
@@ -208,6 +181,12 @@ impl MistralRsPolicy {
         model: &mistralrs::Model,
         request: &GenerationRequest,
     ) -> Result<Generation, PolicyError> {
+        if request.ignore_eos {
+            return Err(backend_error(
+                &self.name,
+                "mistral.rs cannot generate past end-of-sequence; use the candle or openai backend",
+            ));
+        }
         let context = match &request.context_ids {
             Some(ids) => ids.clone(),
             None => model

@@ -1,5 +1,6 @@
 //! Policies: language models that continue a trajectory. One trait, several backends:
-//! `mistralrs` (in process, the default), `openai` (any OpenAI-compatible server), `scripted`
+//! `mistralrs` (in process, the default), `candle` (in process, sesa's own batched forward pass
+//! with KV caches kept across turns), `openai` (any OpenAI-compatible server), `scripted`
 //! (canned turns, for tests).
 //!
 //! The agent loop drives generation: it hands a policy a batch of contexts (the rendered prompt
@@ -7,13 +8,16 @@
 //! the exact sampled token ids and their natural-log probabilities where the backend can give
 //! them, and why generation stopped.
 
+mod candle;
 mod chat;
 mod mistralrs;
 mod openai;
+mod sampling;
 mod scripted;
 
 use futures::future::BoxFuture;
 
+pub use self::candle::{CandleConfig, CandlePolicy};
 pub use self::chat::{ChatMessage, ChatTemplate};
 pub use self::mistralrs::{MistralRsConfig, MistralRsPolicy};
 pub use self::openai::{OpenAiConfig, OpenAiPolicy};
@@ -59,6 +63,10 @@ pub struct GenerationRequest {
     /// A JSON Schema the continuation must satisfy (constrained decoding where the backend
     /// supports it), or `None` for free text.
     pub json_schema: Option<serde_json::Value>,
+    /// Keep generating past end-of-sequence tokens until `max_tokens` (benchmarks use it to
+    /// generate an exact number of tokens). The candle backend masks them; an OpenAI-compatible
+    /// server gets `ignore_eos` (a vLLM and llama.cpp extension); mistral.rs refuses it.
+    pub ignore_eos: bool,
 }
 
 /// Why generation stopped.

@@ -155,6 +155,9 @@ impl OpenAiPolicy {
             "return_tokens_as_token_ids": true,
             "include_stop_str_in_output": true,
         });
+        if request.ignore_eos {
+            body["ignore_eos"] = json!(true);
+        }
         if let Some(schema) = &request.json_schema {
             body["response_format"] =
                 json!({ "type": "json_schema", "json_schema": { "name": "output", "schema": schema, "strict": true } });

@@ -18,6 +18,7 @@ fn greedy(policy: &MistralRsPolicy, question: &str) -> GenerationRequest {
         sampling: Sampling::GREEDY,
         seed: 0,
         json_schema: None,
+        ignore_eos: false,
     }
 }
 

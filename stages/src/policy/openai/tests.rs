@@ -124,6 +124,7 @@ async fn an_unreachable_server_is_named() {
         sampling: Sampling::GREEDY,
         seed: 0,
         json_schema: None,
+        ignore_eos: false,
     };
     let error = policy.generate(std::slice::from_ref(&request)).await.unwrap_err().to_string();
     assert!(error.contains(&format!("{url}/completions is unreachable")), "{error}");

@@ -140,6 +140,7 @@ pub async fn judge_answers(
             sampling: Sampling::GREEDY,
             seed: seed(i),
             json_schema: None,
+            ignore_eos: false,
         })
         .collect();
     let replies = judge.generate(&requests).await.map_err(|e| failed("judge", e))?;
@@ -216,6 +217,7 @@ impl Stage for Verify {
                     sampling: Sampling::GREEDY,
                     seed: cx.seed(i as u64),
                     json_schema: None,
+                    ignore_eos: false,
                 }
             })
             .collect();

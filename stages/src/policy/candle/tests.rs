@@ -1,0 +1,198 @@
+//! Tests with the real SmolLM2-135M GGUF (fetched into the model cache on first use).
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::models;
+use crate::policy::Sampling;
+
+fn gguf() -> PathBuf {
+    models::fetch(&models::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn load_model() -> (LlamaModel, Tokenizer) {
+    let path = gguf();
+    let mut file = File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let model = LlamaModel::load(&content, &mut file).unwrap();
+    (model, tokenizer::from_gguf(&content).unwrap().0)
+}
+
+fn policy() -> CandlePolicy {
+    let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
+    CandlePolicy::load(&gguf(), &config).unwrap()
+}
+
+const PROMPT: &str = "<|im_start|>user\nWho wrote the novel Dracula, and when?<|im_end|>\n<|im_start|>assistant\n";
+
+fn ids(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+    tokenizer.encode(text, false).unwrap().get_ids().to_vec()
+}
+
+fn feed(model: &LlamaModel, cache: &mut KvCache, tokens: &[u32]) -> Vec<f32> {
+    model.forward(&mut [Chunk { cache, tokens }]).unwrap().remove(0)
+}
+
+/// The property the KV cache reuse and batching rest on: logits do not depend on how the
+/// tokens before were chunked, on a cached prefix, or on other sequences in the batch.
+#[test]
+fn logits_are_bit_identical_however_the_context_is_chunked_or_batched() {
+    let (model, tokenizer) = load_model();
+    let prompt = ids(&tokenizer, PROMPT);
+    let whole = feed(&model, &mut KvCache::default(), &prompt);
+
+    let mut cache = KvCache::default();
+    feed(&model, &mut cache, &prompt[..7]);
+    for &token in &prompt[7..prompt.len() - 3] {
+        feed(&model, &mut cache, &[token]);
+    }
+    let chunked = feed(&model, &mut cache, &prompt[prompt.len() - 3..]);
+    assert_eq!(chunked, whole, "chunked prefill and decoding changed the logits");
+
+    let mut prefix = cache.prefix(5);
+    assert_eq!(prefix.len(), 5);
+    assert_eq!(feed(&model, &mut prefix, &prompt[5..]), whole, "a cached prefix changed the logits");
+
+    let other = ids(&tokenizer, "<|im_start|>user\nName a river in Spain.<|im_end|>\n");
+    let (mut a, mut b) = (KvCache::default(), KvCache::default());
+    let batched = model
+        .forward(&mut [Chunk { cache: &mut a, tokens: &other }, Chunk { cache: &mut b, tokens: &prompt }])
+        .unwrap();
+    assert_eq!(batched[1], whole, "batching with another sequence changed the logits");
+    assert_eq!(batched[0], feed(&model, &mut KvCache::default(), &other));
+}
+
+/// The forward pass against candle-transformers' quantized llama on the file's own weights.
+/// They differ in the last bits of sums (norms, attention), and a last-bit difference can move
+/// an activation across a rounding boundary of its 8-bit quantization: logits agree to a few
+/// percent of their range, not to f32 precision (measured: 0.5 % after one token, 2.5 % after
+/// thirty), and the ranking agrees.
+#[test]
+fn the_forward_pass_agrees_with_candle_quantized_llama() {
+    use candle_transformers::models::quantized_llama::ModelWeights;
+
+    let (model, tokenizer) = load_model();
+    let prompt = ids(&tokenizer, PROMPT);
+    let ours = feed(&model, &mut KvCache::default(), &prompt);
+
+    let path = gguf();
+    let mut file = File::open(&path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = ModelWeights::from_gguf(content, &mut file, &candle_core::Device::Cpu).unwrap();
+    let input = candle_core::Tensor::new(prompt.as_slice(), &candle_core::Device::Cpu).unwrap().unsqueeze(0).unwrap();
+    let theirs: Vec<f32> = reference.forward(&input, 0).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+
+    let scale = theirs.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+    let largest = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let mean = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).sum::<f32>() / ours.len() as f32;
+    eprintln!("largest difference {largest}, mean {mean}, scale {scale}");
+    assert!(largest < 0.05 * scale && mean < 0.01 * scale, "logits differ by up to {largest}, {mean} on average");
+    let top = |v: &[f32]| {
+        let mut order: Vec<usize> = (0..v.len()).collect();
+        order.sort_by(|a, b| v[*b].total_cmp(&v[*a]));
+        order.truncate(3);
+        order
+    };
+    assert_eq!(top(&ours), top(&theirs), "the three most likely next tokens");
+}
+
+/// Both in-process backends must cut text into the same ids (trajectories record them).
+#[tokio::test]
+async fn the_tokenizer_matches_mistralrs() {
+    let candle = policy();
+    let mistralrs = crate::policy::testing::smollm2(1).await;
+    for text in [
+        PROMPT,
+        "<search>capital of Australia</search>\n<information>Doc 1 (Canberra): Canberra is the capital.</information>",
+        "Numbers 1234 and 3.14, naïve café, 東京, emoji 🙂, tabs\tand  double  spaces\n\n",
+        "It's what they'll do; I'd've known. <answer>Bram Stoker</answer>",
+    ] {
+        let ours = candle.tokenize(text).await.unwrap().unwrap();
+        let theirs = mistralrs.tokenize(text).await.unwrap().unwrap();
+        assert_eq!(ours, theirs, "{text:?}");
+        assert_eq!(candle.decode(&ours).unwrap(), text.replace("<|im_start|>", "").replace("<|im_end|>", ""));
+    }
+}
+
+fn request(context: &str, seed: u64, stop: &[&str]) -> GenerationRequest {
+    GenerationRequest {
+        context: context.into(),
+        context_ids: None,
+        max_tokens: 40,
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        sampling: Sampling { temperature: 0.7, top_p: 0.9 },
+        seed,
+        json_schema: None,
+        ignore_eos: false,
+    }
+}
+
+#[tokio::test]
+async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
+    let policy = policy();
+    let single = policy.generate(&[request(PROMPT, 11, &[])]).await.unwrap().remove(0);
+    // Now the prompt is cached and the request shares the batch with others.
+    let batch = policy
+        .generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[]), request("Hello", 13, &[])])
+        .await
+        .unwrap();
+    assert_eq!(batch[1], single);
+    assert_ne!(batch[0].token_ids, single.token_ids, "another seed should sample otherwise");
+    let ids = single.token_ids.as_ref().unwrap();
+    let logprobs = single.logprobs.as_ref().unwrap();
+    assert_eq!(ids.len(), logprobs.len());
+    assert!(logprobs.iter().all(|lp| *lp <= 0.0 && lp.is_finite()));
+    assert_eq!(policy.decode(ids).unwrap(), single.text);
+    assert!(matches!(single.finish, FinishReason::Eos | FinishReason::Length));
+
+    // A later turn continues from the cache of the first: the same as from scratch.
+    let follow = format!(
+        "{PROMPT}{}<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n",
+        single.text
+    );
+    let cached = policy.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0);
+    let fresh = self::policy();
+    assert_eq!(fresh.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0), cached);
+}
+
+#[tokio::test]
+async fn generation_stops_right_after_a_stop_string_and_refuses_json_schemas() {
+    let policy = policy();
+    let context =
+        "<|im_start|>user\nCount from 1 to 20, separated by commas.<|im_end|>\n<|im_start|>assistant\n1, 2, 3,";
+    let generation = policy.generate(&[request(context, 1, &[" 6"])]).await.unwrap().remove(0);
+    assert_eq!(generation.finish, FinishReason::Stop, "{:?}", generation.text);
+    assert!(generation.text.ends_with(" 6") || generation.text.ends_with(" 6,"), "{:?}", generation.text);
+    let mut constrained = request(context, 1, &[]);
+    constrained.json_schema = Some(serde_json::json!({"type": "object"}));
+    let error = policy.generate(&[constrained]).await.unwrap_err().to_string();
+    assert!(error.contains("judge"), "{error}");
+}
+
+#[test]
+fn sessions_serve_the_longest_shared_prefix_and_evict_the_least_recently_used() {
+    let (model, tokenizer) = load_model();
+    let cached = |text: &str| {
+        let tokens = ids(&tokenizer, text);
+        let mut cache = KvCache::default();
+        feed(&model, &mut cache, &tokens);
+        (tokens, cache)
+    };
+    let (short, short_cache) = cached("<|im_start|>user\nOne two");
+    let (long, long_cache) = cached("<|im_start|>user\nOne two three four five");
+    let (other, other_cache) = cached("Something else entirely, at some length");
+    let capacity = long.len().max(other.len()) + 1;
+    assert!(other.len() + long.len() > capacity);
+    let mut sessions = Sessions { capacity, clock: 0, entries: Vec::new() };
+    sessions.store(short.clone(), short_cache);
+    sessions.store(long.clone(), long_cache);
+    assert_eq!(sessions.entries.len(), 1, "the longer sequence replaces the one it extends");
+    let mut context = long[..long.len() - 1].to_vec();
+    context.push(9);
+    assert_eq!(sessions.lookup(&context).len(), long.len() - 1, "the shared prefix");
+    assert_eq!(sessions.lookup(&long).len(), long.len() - 1, "at least one token is left to feed");
+    assert_eq!(sessions.lookup(&[12345]).len(), 0);
+    sessions.store(other.clone(), other_cache);
+    assert_eq!(sessions.entries.len(), 1);
+    assert_eq!(sessions.entries[0].0, other, "the least recently used sequence went first");
+}
