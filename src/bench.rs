@@ -74,46 +74,86 @@ pub async fn bench_rollouts(
     let results = run.run(&episodes).await?;
     let loop_seconds = clock.elapsed().as_secs_f64();
     let tokens: usize = results.iter().map(|t| t.generated_tokens()).sum();
-    let search_ms: u64 = results.iter().flat_map(|t| t.turns.iter()).map(|t| t.search_ms).max().unwrap_or(0);
-    // The same number of tokens per trajectory, generated in one go from the same prompts.
-    let raw: Vec<GenerationRequest> = episodes
-        .iter()
-        .zip(&results)
-        .map(|(episode, trajectory)| GenerationRequest {
-            context: episode.prompt.clone(),
-            context_ids: None,
-            max_tokens: trajectory.generated_tokens().max(1),
-            stop: Vec::new(),
-            sampling: setup.agent.sampling,
-            seed: episode.seed,
-            json_schema: None,
-            ignore_eos: true,
-        })
-        .collect();
-    // A freshly loaded policy, so that neither side finds the other's prompts in a KV cache.
-    let raw_policy = AgentSetup::from_spec(&spec).await?.policy;
-    let clock = Instant::now();
-    let generations = raw_policy.generate(&raw).await?;
-    let raw_seconds = clock.elapsed().as_secs_f64();
-    let raw_tokens: usize = generations.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum();
+    // Turn t of every live trajectory came from one batched generation and one batched search:
+    // each turn records that call's time.
+    let per_turn = |time: fn(&sesa_stages::agent::Turn) -> u64| -> u64 {
+        let turns = results.iter().map(|t| t.turns.len()).max().unwrap_or(0);
+        (0..turns).map(|i| results.iter().filter_map(|t| t.turns.get(i)).map(time).max().unwrap_or(0)).sum()
+    };
+    let generation_seconds = per_turn(|t| t.generation_ms) as f64 / 1e3;
+    let search_seconds = per_turn(|t| t.search_ms) as f64 / 1e3;
     let prompt_tokens: usize = results.iter().filter_map(|t| t.prompt_tokens).sum();
+    let read_tokens: usize = results.iter().map(|t| t.token_ids.len().saturating_sub(t.generated_tokens())).sum();
+
+    // Raw generation of the same number of tokens per trajectory from the same prompts, on a
+    // freshly loaded policy (neither side finds the other's prompts in a KV cache): the prompt
+    // and first token, then the rest from there (after EOS too).
+    let raw_policy = AgentSetup::from_spec(&spec).await?.policy;
+    let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64| GenerationRequest {
+        context,
+        context_ids,
+        max_tokens,
+        stop: Vec::new(),
+        sampling: setup.agent.sampling,
+        seed,
+        json_schema: None,
+        ignore_eos: true,
+    };
+    let firsts: Vec<GenerationRequest> = episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed)).collect();
+    let clock = Instant::now();
+    let first = raw_policy.generate(&firsts).await?;
+    let prefill_seconds = clock.elapsed().as_secs_f64();
+    let mut rests = Vec::new();
+    for ((episode, trajectory), first) in episodes.iter().zip(&results).zip(&first) {
+        let remaining = trajectory.generated_tokens().saturating_sub(1);
+        if remaining == 0 {
+            continue;
+        }
+        let ids = match (raw_policy.tokenize(&episode.prompt).await?, &first.token_ids) {
+            (Some(mut prompt), Some(picked)) => Some({
+                prompt.extend(picked);
+                prompt
+            }),
+            _ => None,
+        };
+        rests.push(request(format!("{}{}", episode.prompt, first.text), ids, remaining, episode.seed));
+    }
+    let clock = Instant::now();
+    let rest = raw_policy.generate(&rests).await?;
+    let decode_seconds = clock.elapsed().as_secs_f64();
+    let count = |g: &[sesa_stages::policy::Generation]| -> usize {
+        g.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum()
+    };
+    let (first_tokens, decode_tokens) = (count(&first), count(&rest));
+    let raw_seconds = prefill_seconds + decode_seconds;
+    let raw_tokens = first_tokens + decode_tokens;
+
+    let n = results.len().max(1);
     println!("trajectories      {}", results.len());
-    println!("mean prompt       {} tokens", prompt_tokens / results.len().max(1));
-    println!("mean generated    {} tokens", tokens / results.len().max(1));
+    println!("mean prompt       {} tokens", prompt_tokens / n);
+    println!("mean generated    {} tokens", tokens / n);
+    println!("mean tool results {} tokens (read by the model in the loop, not generated)", read_tokens / n);
     println!(
         "agent loop        {loop_seconds:.1} s, {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
         results.len() as f64 * 60.0 / loop_seconds,
         tokens as f64 / loop_seconds
     );
     println!(
-        "raw generation    {raw_seconds:.1} s, {:.1} tokens/s ({raw_tokens} tokens)",
-        raw_tokens as f64 / raw_seconds
+        "  inside          generation {generation_seconds:.1} s, search {search_seconds:.2} s, the rest {:.2} s ({:.2}% of the loop)",
+        loop_seconds - generation_seconds - search_seconds,
+        (loop_seconds - generation_seconds - search_seconds) / loop_seconds * 100.0
     );
     println!(
-        "loop overhead     {:+.1}% (wall time of the loop over raw generation of the same tokens)",
+        "raw generation    {raw_seconds:.1} s, {:.1} tokens/s ({raw_tokens} tokens): prompts + first tokens {prefill_seconds:.1} s ({} prompt tokens, {:.0} tokens/s), decoding {decode_seconds:.1} s ({:.1} tokens/s)",
+        raw_tokens as f64 / raw_seconds,
+        prompt_tokens,
+        prompt_tokens as f64 / prefill_seconds,
+        decode_tokens as f64 / decode_seconds
+    );
+    println!(
+        "loop vs raw       {:+.1}% wall time for the same generated tokens (the loop also reads the tool results)",
         (loop_seconds / raw_seconds - 1.0) * 100.0
     );
-    println!("slowest search    {search_ms} ms (one batched call)");
     Ok(0)
 }
 

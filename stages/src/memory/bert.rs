@@ -189,7 +189,7 @@ impl BertEncoder {
                 config.hidden_act
             )));
         }
-        if config.num_attention_heads == 0 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0 || !config.hidden_size.is_multiple_of(config.num_attention_heads) {
             return Err(BertError::Unsupported(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 config.hidden_size, config.num_attention_heads
@@ -336,7 +336,7 @@ fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
     let mut p = -2.726_142_3e-10f32;
-    for alpha in [2.770_681_4e-8, -2.101_024e-6, -5.692_506_4e-5, -7.349_906_3e-4, -2.954_600e-3, -1.609_603_3e-2] {
+    for alpha in [2.770_681_4e-8, -2.101_024e-6, -5.692_506_4e-5, -7.349_906_3e-4, -2.954_6e-3, -1.609_603_3e-2] {
         p = p * x2 + alpha;
     }
     let mut q = -1.456_607_2e-5f32;

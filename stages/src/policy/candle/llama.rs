@@ -77,7 +77,7 @@ impl KvCache {
     /// that prefix.
     pub(crate) fn prefix(&self, len: usize) -> KvCache {
         let len = len.min(self.len);
-        let width = |layer: &Vec<f32>| if self.len == 0 { 0 } else { layer.len() / self.len };
+        let width = |layer: &Vec<f32>| layer.len().checked_div(self.len).unwrap_or(0);
         KvCache {
             len,
             layers: self
