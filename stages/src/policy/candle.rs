@@ -184,20 +184,52 @@ impl Inner {
                 finish: (request.max_tokens.min(room) == 0).then_some(FinishReason::Length),
             });
         }
+        // Requests with the same context and cache (the rollouts of one question) read it once:
+        // the twins copy the first one's cache and logits after the first forward step.
+        let twin_of: Vec<Option<usize>> = (0..lives.len())
+            .map(|i| {
+                (0..i).find(|&j| {
+                    lives[j].finish.is_none()
+                        && lives[j].context == lives[i].context
+                        && lives[j].cache.len() == lives[i].cache.len()
+                })
+            })
+            .collect();
+        let mut first_step = true;
         loop {
-            let mut chunks: Vec<Chunk<'_>> = lives
-                .iter_mut()
-                .filter(|live| live.finish.is_none())
-                .map(|live| Chunk { cache: &mut live.cache, tokens: &live.pending })
+            let feeding: Vec<usize> = (0..lives.len())
+                .filter(|&i| lives[i].finish.is_none() && !(first_step && twin_of[i].is_some()))
                 .collect();
-            if chunks.is_empty() {
+            if feeding.is_empty() {
                 break;
             }
+            let mut chunks: Vec<Chunk<'_>> = lives
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| feeding.contains(i))
+                .map(|(_, live)| Chunk { cache: &mut live.cache, tokens: &live.pending })
+                .collect();
             let logits = self.model.forward(&mut chunks).map_err(|e| self.error(e))?;
             drop(chunks);
-            let active: Vec<(&mut Live, &GenerationRequest)> =
-                lives.iter_mut().zip(requests).filter(|(live, _)| live.finish.is_none()).collect();
-            active.into_par_iter().zip(logits).try_for_each(|((live, request), mut logits)| {
+            let mut next: Vec<Option<Vec<f32>>> = vec![None; lives.len()];
+            for (i, logits) in feeding.into_iter().zip(logits) {
+                next[i] = Some(logits);
+            }
+            if std::mem::take(&mut first_step) {
+                for (i, twin) in twin_of.iter().enumerate() {
+                    if let (Some(j), None) = (*twin, lives[i].finish) {
+                        lives[i].cache = lives[j].cache.clone();
+                        next[i] = next[j].clone();
+                    }
+                }
+            }
+            let active: Vec<((&mut Live, &GenerationRequest), Vec<f32>)> = lives
+                .iter_mut()
+                .zip(requests)
+                .zip(next)
+                .filter_map(|(pair, logits)| logits.map(|logits| (pair, logits)))
+                .collect();
+            active.into_par_iter().try_for_each(|((live, request), mut logits)| {
                 if request.ignore_eos {
                     self.stops.iter().for_each(|&id| logits[id as usize] = f32::NEG_INFINITY);
                 }

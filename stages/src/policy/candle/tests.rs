@@ -131,7 +131,8 @@ fn request(context: &str, seed: u64, stop: &[&str]) -> GenerationRequest {
 async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     let policy = policy();
     let single = policy.generate(&[request(PROMPT, 11, &[])]).await.unwrap().remove(0);
-    // Now the prompt is cached and the request shares the batch with others.
+    // Now the prompt is cached and the request shares the batch with others (the two prompt
+    // requests are twins: the second copies the first's cache and first logits).
     let batch = policy
         .generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[]), request("Hello", 13, &[])])
         .await
@@ -153,6 +154,12 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     let cached = policy.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0);
     let fresh = self::policy();
     assert_eq!(fresh.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0), cached);
+
+    // Twins on an empty cache: the prompt is read once, and each still samples its own way.
+    let fresh = self::policy();
+    let twins = fresh.generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[])]).await.unwrap();
+    assert_eq!(twins[1], single);
+    assert_eq!(twins[0], batch[0]);
 }
 
 #[tokio::test]
