@@ -225,7 +225,6 @@ impl LlamaModel {
         let mut attended = vec![0.0f32; n * hidden];
         let mut residual = vec![0.0f32; n * hidden];
         let threads = self.threads;
-        let ffn = self.blocks.first().map_or(0, |b| b.down.inputs);
         let qkv_width = hidden + 2 * kv_width;
         for (l, block) in self.blocks.iter().enumerate() {
             let mut qkv = block.qkv.apply(&rms_norm(&x, &block.attention_norm, eps), n, threads);
@@ -257,6 +256,7 @@ impl LlamaModel {
             block.attention_out.forward(&attended, n, &mut residual, threads);
             add_assign(&mut x, &residual);
             let gate_up = block.gate_up.apply(&rms_norm(&x, &block.ffn_norm, eps), n, threads);
+            let ffn = block.down.inputs;
             let activated: Vec<f32> = gate_up
                 .chunks_exact(2 * ffn)
                 .flat_map(|row| row[..ffn].iter().zip(&row[ffn..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u))
