@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{BooleanBuilder, Float32Builder, ListBuilder, StringBuilder, UInt32Builder};
+use arrow_array::builder::{BooleanBuilder, ListBuilder, PrimitiveBuilder, StringBuilder};
+use arrow_array::types::{ArrowPrimitiveType, Float32Type, UInt32Type};
 use arrow_array::{Array, ArrayRef, BooleanArray, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use sesa_engine::StageError;
@@ -72,17 +73,16 @@ impl Columns {
 
     /// Lists of token ids.
     pub fn u32s<'a>(self, name: &str, values: impl IntoIterator<Item = &'a [u32]>) -> Self {
-        let mut builder = ListBuilder::new(UInt32Builder::new());
-        for list in values {
-            builder.values().append_slice(list);
-            builder.append(true);
-        }
-        self.push(name, Arc::new(builder.finish()), false)
+        self.lists::<UInt32Type>(name, values)
     }
 
     /// Lists of floats.
     pub fn f32s<'a>(self, name: &str, values: impl IntoIterator<Item = &'a [f32]>) -> Self {
-        let mut builder = ListBuilder::new(Float32Builder::new());
+        self.lists::<Float32Type>(name, values)
+    }
+
+    fn lists<'a, T: ArrowPrimitiveType>(self, name: &str, values: impl IntoIterator<Item = &'a [T::Native]>) -> Self {
+        let mut builder = ListBuilder::new(PrimitiveBuilder::<T>::new());
         for list in values {
             builder.values().append_slice(list);
             builder.append(true);

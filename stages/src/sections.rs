@@ -25,8 +25,8 @@ use crate::policy::{
 pub enum ModelSection {
     /// mistral.rs in process (CPU, or CUDA with the `cuda` feature).
     Mistralrs(MistralRsConfig),
-    /// sesa's batched forward pass on candle's quantized CPU kernels, KV caches kept across
-    /// turns (llama-family GGUF; no constrained decoding).
+    /// sesa's batched CPU forward pass (F32 weights dequantized from the GGUF), KV caches kept
+    /// across turns (llama-family GGUF; no constrained decoding).
     Candle(CandleConfig),
     /// Any OpenAI-compatible completions server.
     Openai(OpenAiConfig),

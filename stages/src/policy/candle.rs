@@ -172,7 +172,7 @@ impl Inner {
             if context.is_empty() {
                 return Err(self.error("empty context"));
             }
-            let room = self.model.shape.context.saturating_sub(context.len());
+            let limit = request.max_tokens.min(self.model.shape.context.saturating_sub(context.len()));
             let cache = self.sessions.lock().expect("session lock").lookup(&context);
             lives.push(Live {
                 pending: context[cache.len()..].to_vec(),
@@ -180,8 +180,8 @@ impl Inner {
                 cache,
                 rng: ChaCha8Rng::seed_from_u64(request.seed),
                 picks: Vec::new(),
-                limit: request.max_tokens.min(room),
-                finish: (request.max_tokens.min(room) == 0).then_some(FinishReason::Length),
+                limit,
+                finish: (limit == 0).then_some(FinishReason::Length),
             });
         }
         // Requests with the same context and cache (the rollouts of one question) read it once:
