@@ -74,32 +74,41 @@ pub async fn bench_rollouts(
     let results = run.run(&episodes).await?;
     let loop_seconds = clock.elapsed().as_secs_f64();
     let tokens: usize = results.iter().map(|t| t.generated_tokens()).sum();
-    // Turn t of every live trajectory came from one batched generation and one batched search:
-    // each turn records that call's time.
-    let per_turn = |time: fn(&sesa_stages::agent::Turn) -> u64| -> u64 {
-        let turns = results.iter().map(|t| t.turns.len()).max().unwrap_or(0);
-        (0..turns).map(|i| results.iter().filter_map(|t| t.turns.get(i)).map(time).max().unwrap_or(0)).sum()
-    };
-    let generation_seconds = per_turn(|t| t.generation_ms) as f64 / 1e3;
-    let search_seconds = per_turn(|t| t.search_ms) as f64 / 1e3;
     let prompt_tokens: usize = results.iter().filter_map(|t| t.prompt_tokens).sum();
     let read_tokens: usize = results.iter().map(|t| t.token_ids.len().saturating_sub(t.generated_tokens())).sum();
+    let searches: Vec<u64> =
+        results.iter().flat_map(|t| &t.turns).filter(|t| t.query.is_some()).map(|t| t.search_ms).collect();
 
-    // Raw generation of the same number of tokens per trajectory from the same prompts, on a
-    // freshly loaded policy (neither side finds the other's prompts in a KV cache): the prompt
+    let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64, ignore_eos: bool| {
+        GenerationRequest {
+            context,
+            context_ids,
+            max_tokens,
+            stop: Vec::new(),
+            sampling: setup.agent.sampling,
+            seed,
+            json_schema: None,
+            ignore_eos,
+        }
+    };
+    // The same tokens without the loop, on a freshly loaded policy: each trajectory's turns as
+    // plain generation requests (its recorded context, its turn seed, as many tokens as the
+    // turn had), all trajectories concurrently. The model reads and writes exactly what it did
+    // in the loop; searching, parsing and the loop's bookkeeping are what is missing.
+    let replay_policy = AgentSetup::from_spec(&spec).await?.policy;
+    let clock = Instant::now();
+    let replayed = futures::future::try_join_all(
+        results.iter().zip(&episodes).map(|(t, e)| replay(replay_policy.as_ref(), t, e.seed, setup.agent.sampling)),
+    )
+    .await?;
+    let replay_seconds = clock.elapsed().as_secs_f64();
+
+    // Raw generation of the same number of tokens per trajectory from the same prompts (no
+    // tool results), on a freshly loaded policy, as llama-batched-bench runs it: the prompt
     // and first token, then the rest from there (after EOS too).
     let raw_policy = AgentSetup::from_spec(&spec).await?.policy;
-    let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64| GenerationRequest {
-        context,
-        context_ids,
-        max_tokens,
-        stop: Vec::new(),
-        sampling: setup.agent.sampling,
-        seed,
-        json_schema: None,
-        ignore_eos: true,
-    };
-    let firsts: Vec<GenerationRequest> = episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed)).collect();
+    let firsts: Vec<GenerationRequest> =
+        episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed, true)).collect();
     let clock = Instant::now();
     let first = raw_policy.generate(&firsts).await?;
     let prefill_seconds = clock.elapsed().as_secs_f64();
@@ -116,7 +125,7 @@ pub async fn bench_rollouts(
             }),
             _ => None,
         };
-        rests.push(request(format!("{}{}", episode.prompt, first.text), ids, remaining, episode.seed));
+        rests.push(request(format!("{}{}", episode.prompt, first.text), ids, remaining, episode.seed, true));
     }
     let clock = Instant::now();
     let rest = raw_policy.generate(&rests).await?;
@@ -139,10 +148,21 @@ pub async fn bench_rollouts(
         tokens as f64 / loop_seconds
     );
     println!(
-        "  inside          generation {generation_seconds:.1} s, search {search_seconds:.2} s, the rest {:.2} s ({:.2}% of the loop)",
-        loop_seconds - generation_seconds - search_seconds,
-        (loop_seconds - generation_seconds - search_seconds) / loop_seconds * 100.0
+        "  searches        {}, {:.1} ms each on average (concurrent with generation)",
+        searches.len(),
+        searches.iter().sum::<u64>() as f64 / searches.len().max(1) as f64
     );
+    if replayed.iter().all(|&r| r) {
+        println!(
+            "same tokens       {replay_seconds:.1} s without the loop (every turn's context and generation replayed, no search)"
+        );
+        println!(
+            "loop vs same      {:+.1}% wall time: what the agent loop adds",
+            (loop_seconds / replay_seconds - 1.0) * 100.0
+        );
+    } else {
+        println!("same tokens       n/a (the policy gives no exact token ids to replay)");
+    }
     println!(
         "raw generation    {raw_seconds:.1} s, {:.1} tokens/s ({raw_tokens} tokens): prompts + first tokens {prefill_seconds:.1} s ({} prompt tokens, {:.0} tokens/s), decoding {decode_seconds:.1} s ({:.1} tokens/s)",
         raw_tokens as f64 / raw_seconds,
@@ -151,10 +171,42 @@ pub async fn bench_rollouts(
         decode_tokens as f64 / decode_seconds
     );
     println!(
-        "loop vs raw       {:+.1}% wall time for the same generated tokens (the loop also reads the tool results)",
+        "loop vs raw       {:+.1}% wall time for the same generated tokens (raw reads no tool results)",
         (loop_seconds / raw_seconds - 1.0) * 100.0
     );
     Ok(0)
+}
+
+/// Replays `trajectory`'s turns as plain generation requests: each turn's recorded context,
+/// its seed, as many tokens as it generated (the same tokens, by reproducibility). False when
+/// the trajectory's token ids are not exact.
+async fn replay(
+    policy: &dyn sesa_stages::policy::Policy,
+    trajectory: &sesa_stages::agent::Trajectory,
+    seed: u64,
+    sampling: sesa_stages::policy::Sampling,
+) -> Result<bool> {
+    let Some(prompt) = policy.tokenize(&trajectory.prompt).await?.filter(|_| trajectory.tokens_exact) else {
+        return Ok(false);
+    };
+    // Turn t starts at the t-th run of generated tokens (mask 1).
+    let mask = &trajectory.loss_mask;
+    let starts = (0..mask.len()).filter(|&i| mask[i] == 1 && (i == 0 || mask[i - 1] == 0));
+    for ((turn, start), record) in starts.enumerate().zip(&trajectory.turns) {
+        let context: Vec<u32> = prompt.iter().chain(&trajectory.token_ids[..start]).copied().collect();
+        let request = sesa_stages::policy::GenerationRequest {
+            context: String::new(),
+            context_ids: Some(context),
+            max_tokens: record.tokens,
+            stop: Vec::new(),
+            sampling,
+            seed: sesa_stages::agent::turn_seed(seed, turn),
+            json_schema: None,
+            ignore_eos: false,
+        };
+        policy.generate(&[request]).await?;
+    }
+    Ok(true)
 }
 
 /// `sesa bench-skills`: embedding throughput of the skill embedder on a question set, one

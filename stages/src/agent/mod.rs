@@ -3,8 +3,10 @@
 //! Search-R1 / SSP protocol: the model thinks, writes `<search>q</search>`, the loop searches and
 //! appends `<information>…</information>`, and the model continues, until it writes its final
 //! tag (`<answer>` for the solver, `<question>` for the proposer), breaks the protocol, or runs
-//! out of turns, tokens or context. Episodes of a batch advance turn by turn together, so each
-//! turn is one batched generation and one batched search.
+//! out of turns, tokens or context. The episodes of a batch run concurrently, each at its own
+//! pace: a backend with continuous batching (`candle`, an OpenAI-compatible server) merges
+//! their calls into shared forward steps, so an episode that stops early never waits for the
+//! slowest, and one episode searches while the others decode.
 
 mod prompt;
 mod tags;
@@ -78,9 +80,10 @@ pub struct Turn {
     pub query: Option<String>,
     /// Ids of the retrieved passages.
     pub retrieved_ids: Vec<String>,
-    /// Wall time of the (batched) generation, in milliseconds.
+    /// Wall time of this turn's generation (shared with the episodes batched with it), in
+    /// milliseconds.
     pub generation_ms: u64,
-    /// Wall time of the (batched) search, in milliseconds.
+    /// Wall time of this turn's search, in milliseconds.
     pub search_ms: u64,
 }
 
@@ -120,6 +123,11 @@ impl Trajectory {
     pub fn generated_tokens(&self) -> usize {
         self.turns.iter().map(|t| t.tokens).sum()
     }
+
+    fn ending(mut self, outcome: Outcome) -> Trajectory {
+        self.outcome = outcome;
+        self
+    }
 }
 
 /// Why the loop itself failed (a backend failure, not a model mistake).
@@ -150,149 +158,112 @@ pub struct AgentRun<'a> {
     pub sampling: Sampling,
 }
 
-struct Live {
-    trajectory: Trajectory,
-    prompt_ids: Option<Vec<u32>>,
-    seed: u64,
-    done: bool,
-}
-
 /// The seed of turn `turn` of an episode seeded `seed`.
-fn turn_seed(seed: u64, turn: usize) -> u64 {
+pub fn turn_seed(seed: u64, turn: usize) -> u64 {
     seed ^ (turn as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 impl AgentRun<'_> {
-    /// Runs every episode to its end. Results are in episode order.
+    /// Runs every episode to its end, all of them concurrently. Results are in episode order.
     pub async fn run(&self, episodes: &[Episode]) -> Result<Vec<Trajectory>, AgentError> {
-        let mut live = Vec::with_capacity(episodes.len());
-        for episode in episodes {
-            let prompt_ids = self.policy.tokenize(&episode.prompt).await?;
-            live.push(Live {
-                trajectory: Trajectory {
-                    role: self.role,
-                    prompt: episode.prompt.clone(),
-                    response: String::new(),
-                    turns: Vec::new(),
-                    outcome: Outcome::TurnLimit,
-                    token_ids: Vec::new(),
-                    loss_mask: Vec::new(),
-                    logprobs: Vec::new(),
-                    tokens_exact: prompt_ids.is_some(),
-                    prompt_tokens: prompt_ids.as_ref().map(Vec::len),
-                },
-                prompt_ids,
-                seed: episode.seed,
-                done: false,
-            });
-        }
-        for turn in 0..self.limits.max_turns {
-            let active: Vec<usize> = (0..live.len()).filter(|&i| !live[i].done).collect();
-            if active.is_empty() {
-                break;
-            }
-            let requests: Vec<GenerationRequest> = active.iter().map(|&i| self.request(&live[i], turn)).collect();
-            let clock = Instant::now();
-            let generations = self.policy.generate(&requests).await?;
-            let generation_ms = clock.elapsed().as_millis() as u64;
-            let mut searches: Vec<(usize, String)> = Vec::new();
-            for (&index, generation) in active.iter().zip(generations) {
-                let episode = &mut live[index];
-                let tokens =
-                    generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
-                let trajectory = &mut episode.trajectory;
-                trajectory.response.push_str(&generation.text);
-                match (&generation.token_ids, &generation.logprobs) {
-                    (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
-                        trajectory.token_ids.extend(ids);
-                        trajectory.logprobs.extend(logprobs);
-                        trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
-                    }
-                    _ => trajectory.tokens_exact = false,
-                }
-                trajectory.turns.push(Turn {
-                    text: generation.text.clone(),
-                    tokens,
-                    finish: generation.finish,
-                    query: None,
-                    retrieved_ids: Vec::new(),
-                    generation_ms,
-                    search_ms: 0,
-                });
-                let action = parse_turn(self.role, &generation.text);
-                let last_turn = turn + 1 == self.limits.max_turns;
-                let outcome = match action {
-                    TurnAction::Final(text) => Some(Outcome::Final(text)),
-                    TurnAction::Malformed(error) => Some(match generation.finish {
-                        FinishReason::Length if trajectory.generated_tokens() >= self.limits.max_total_tokens => {
-                            Outcome::TokenBudget
-                        }
-                        _ => Outcome::FormatError(error),
-                    }),
-                    TurnAction::Search(_) if last_turn => Some(Outcome::TurnLimit),
-                    TurnAction::Search(query) => {
-                        searches.push((index, query));
-                        None
-                    }
-                };
-                if let Some(outcome) = outcome {
-                    trajectory.outcome = outcome;
-                    episode.done = true;
-                }
-            }
-            if searches.is_empty() {
-                continue;
-            }
-            let queries: Vec<String> = searches.iter().map(|(_, q)| q.clone()).collect();
-            let clock = Instant::now();
-            let results = self.search.search(&queries, self.top_k).await?;
-            let search_ms = clock.elapsed().as_millis() as u64;
-            for ((index, query), hits) in searches.into_iter().zip(results) {
-                let block = information_block(&format_results(std::slice::from_ref(&hits)));
-                let block_ids =
-                    if live[index].trajectory.tokens_exact { self.policy.tokenize(&block).await? } else { None };
-                let episode = &mut live[index];
-                let trajectory = &mut episode.trajectory;
-                let turn_record = trajectory.turns.last_mut().expect("this turn was recorded");
-                turn_record.query = Some(query);
-                turn_record.retrieved_ids = hits.iter().map(|h| h.doc.id.clone()).collect();
-                turn_record.search_ms = search_ms;
-                trajectory.response.push_str(&block);
-                match block_ids {
-                    Some(ids) => {
-                        trajectory.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
-                        trajectory.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
-                        trajectory.token_ids.extend(ids);
-                    }
-                    None => trajectory.tokens_exact = false,
-                }
-                let context =
-                    trajectory.prompt_tokens.unwrap_or(trajectory.prompt.len() / 4) + trajectory.token_ids.len();
-                if trajectory.generated_tokens() >= self.limits.max_total_tokens {
-                    trajectory.outcome = Outcome::TokenBudget;
-                    episode.done = true;
-                } else if context >= self.limits.context_limit {
-                    trajectory.outcome = Outcome::ContextLimit;
-                    episode.done = true;
-                }
-            }
-        }
-        Ok(live.into_iter().map(|episode| episode.trajectory).collect())
+        futures::future::try_join_all(episodes.iter().map(|episode| self.run_one(episode))).await
     }
 
-    fn request(&self, episode: &Live, turn: usize) -> GenerationRequest {
-        let trajectory = &episode.trajectory;
+    /// One episode, turn by turn.
+    async fn run_one(&self, episode: &Episode) -> Result<Trajectory, AgentError> {
+        let prompt_ids = self.policy.tokenize(&episode.prompt).await?;
+        let mut trajectory = Trajectory {
+            role: self.role,
+            prompt: episode.prompt.clone(),
+            response: String::new(),
+            turns: Vec::new(),
+            outcome: Outcome::TurnLimit,
+            token_ids: Vec::new(),
+            loss_mask: Vec::new(),
+            logprobs: Vec::new(),
+            tokens_exact: prompt_ids.is_some(),
+            prompt_tokens: prompt_ids.as_ref().map(Vec::len),
+        };
+        for turn in 0..self.limits.max_turns {
+            let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));
+            let clock = Instant::now();
+            let generation = self.policy.generate(std::slice::from_ref(&request)).await?.pop().ok_or_else(|| {
+                PolicyError::Backend { name: self.policy.name().into(), message: "no generation for a request".into() }
+            })?;
+            let generation_ms = clock.elapsed().as_millis() as u64;
+            let tokens =
+                generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
+            trajectory.response.push_str(&generation.text);
+            match (&generation.token_ids, &generation.logprobs) {
+                (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
+                    trajectory.token_ids.extend(ids);
+                    trajectory.logprobs.extend(logprobs);
+                    trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+                }
+                _ => trajectory.tokens_exact = false,
+            }
+            trajectory.turns.push(Turn {
+                text: generation.text.clone(),
+                tokens,
+                finish: generation.finish,
+                query: None,
+                retrieved_ids: Vec::new(),
+                generation_ms,
+                search_ms: 0,
+            });
+            let last_turn = turn + 1 == self.limits.max_turns;
+            let query = match parse_turn(self.role, &generation.text) {
+                TurnAction::Final(text) => return Ok(trajectory.ending(Outcome::Final(text))),
+                TurnAction::Malformed(error) => {
+                    let over_budget = generation.finish == FinishReason::Length
+                        && trajectory.generated_tokens() >= self.limits.max_total_tokens;
+                    let outcome = if over_budget { Outcome::TokenBudget } else { Outcome::FormatError(error) };
+                    return Ok(trajectory.ending(outcome));
+                }
+                TurnAction::Search(_) if last_turn => return Ok(trajectory.ending(Outcome::TurnLimit)),
+                TurnAction::Search(query) => query,
+            };
+            let clock = Instant::now();
+            let hits = self.search.search(std::slice::from_ref(&query), self.top_k).await?.pop().unwrap_or_default();
+            let search_ms = clock.elapsed().as_millis() as u64;
+            let block = information_block(&format_results(std::slice::from_ref(&hits)));
+            let block_ids = if trajectory.tokens_exact { self.policy.tokenize(&block).await? } else { None };
+            let turn_record = trajectory.turns.last_mut().expect("this turn was recorded");
+            turn_record.query = Some(query);
+            turn_record.retrieved_ids = hits.iter().map(|h| h.doc.id.clone()).collect();
+            turn_record.search_ms = search_ms;
+            trajectory.response.push_str(&block);
+            match block_ids {
+                Some(ids) => {
+                    trajectory.loss_mask.extend(std::iter::repeat_n(0, ids.len()));
+                    trajectory.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+                    trajectory.token_ids.extend(ids);
+                }
+                None => trajectory.tokens_exact = false,
+            }
+            let context = trajectory.prompt_tokens.unwrap_or(trajectory.prompt.len() / 4) + trajectory.token_ids.len();
+            if trajectory.generated_tokens() >= self.limits.max_total_tokens {
+                return Ok(trajectory.ending(Outcome::TokenBudget));
+            }
+            if context >= self.limits.context_limit {
+                return Ok(trajectory.ending(Outcome::ContextLimit));
+            }
+        }
+        Ok(trajectory)
+    }
+
+    fn request(&self, trajectory: &Trajectory, prompt_ids: Option<&[u32]>, seed: u64) -> GenerationRequest {
         let remaining = self.limits.max_total_tokens.saturating_sub(trajectory.generated_tokens());
         GenerationRequest {
             context: format!("{}{}", trajectory.prompt, trajectory.response),
-            context_ids: match (&episode.prompt_ids, trajectory.tokens_exact) {
+            context_ids: match (prompt_ids, trajectory.tokens_exact) {
                 (Some(prompt), true) => Some(prompt.iter().chain(&trajectory.token_ids).copied().collect()),
                 _ => None,
             },
             max_tokens: self.limits.max_turn_tokens.min(remaining).max(1),
             stop: self.role.stop_strings(),
             sampling: self.sampling,
-            seed: turn_seed(episode.seed, turn),
+            seed,
             json_schema: None,
             ignore_eos: false,
         }

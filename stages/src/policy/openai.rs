@@ -10,7 +10,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,7 +38,8 @@ pub struct OpenAiConfig {
     /// Retries after a connection error, a timeout, a 429 or a 5xx answer.
     #[serde(default = "default_retries")]
     pub retries: u32,
-    /// Requests in flight at once.
+    /// Requests in flight at once, over all concurrent calls (the episodes of an agent loop
+    /// each call on their own; the server batches them).
     #[serde(default = "default_concurrency")]
     pub max_concurrency: usize,
 }
@@ -65,6 +65,8 @@ pub struct OpenAiPolicy {
     api_key: Option<String>,
     /// Set once the server has shown it has no `/tokenize`.
     no_tokenizer: AtomicBool,
+    /// Permits for requests in flight (`max_concurrency`).
+    in_flight: tokio::sync::Semaphore,
 }
 
 #[derive(Deserialize)]
@@ -106,7 +108,8 @@ impl OpenAiPolicy {
             .timeout(Duration::from_secs_f64(config.timeout_secs.max(0.001)))
             .build()
             .map_err(|e| error(e.to_string()))?;
-        Ok(OpenAiPolicy { config, client, api_key, no_tokenizer: AtomicBool::new(false) })
+        let in_flight = tokio::sync::Semaphore::new(config.max_concurrency.max(1));
+        Ok(OpenAiPolicy { config, client, api_key, no_tokenizer: AtomicBool::new(false), in_flight })
     }
 
     fn url(&self, path: &str) -> String {
@@ -267,14 +270,16 @@ impl Policy for OpenAiPolicy {
         &'a self,
         requests: &'a [GenerationRequest],
     ) -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>> {
-        let pending: Vec<_> = requests.iter().map(|request| self.complete(request)).collect();
         Box::pin(async move {
-            futures::stream::iter(pending)
-                .buffered(self.config.max_concurrency.max(1))
-                .collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .collect()
+            let runs = requests.iter().map(|request| async move {
+                let _permit = self
+                    .in_flight
+                    .acquire()
+                    .await
+                    .map_err(|e| PolicyError::Backend { name: self.config.model.clone(), message: e.to_string() })?;
+                self.complete(request).await
+            });
+            futures::future::join_all(runs).await.into_iter().collect()
         })
     }
 }

@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
+use super::llama::{Chunk, KvCache};
 use super::*;
 use crate::models;
-use crate::policy::Sampling;
+use crate::policy::{FinishReason, Sampling};
 
 fn gguf() -> PathBuf {
     models::fetch(&models::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -162,6 +163,27 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     assert_eq!(twins[0], batch[0]);
 }
 
+/// Continuous batching: calls in flight together, joining at different steps, give exactly
+/// what each gives alone.
+#[tokio::test]
+async fn concurrent_calls_give_what_each_gives_alone() {
+    let other = "<|im_start|>user\nName a river in Spain.<|im_end|>\n<|im_start|>assistant\n";
+    let requests = [request(PROMPT, 11, &[]), request(other, 3, &[]), request(PROMPT, 12, &["."])];
+    let policy = policy();
+    let first = policy.generate(&requests[..1]);
+    // The first is decoding when the others arrive; the third shares its running prompt.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (first, second, third) = tokio::join!(first, policy.generate(&requests[1..2]), policy.generate(&requests[2..]));
+    let together = [first.unwrap(), second.unwrap(), third.unwrap()].concat();
+
+    let alone = self::policy();
+    for (request, together) in requests.iter().zip(&together) {
+        assert_eq!(&alone.generate(std::slice::from_ref(request)).await.unwrap()[0], together);
+    }
+    assert!(together.iter().all(|g| !g.text.is_empty()));
+    assert_ne!(together[0].text, together[1].text, "different prompts, different texts");
+}
+
 #[tokio::test]
 async fn generation_stops_right_after_a_stop_string_and_refuses_json_schemas() {
     let policy = policy();
@@ -190,7 +212,7 @@ fn sessions_serve_the_longest_shared_prefix_and_evict_the_least_recently_used() 
     let (other, other_cache) = cached("Something else entirely, at some length");
     let capacity = long.len().max(other.len()) + 1;
     assert!(other.len() + long.len() > capacity);
-    let mut sessions = Sessions { capacity, clock: 0, entries: Vec::new() };
+    let mut sessions = Sessions::new(capacity);
     sessions.store(short.clone(), short_cache);
     sessions.store(long.clone(), long_cache);
     assert_eq!(sessions.entries.len(), 1, "the longer sequence replaces the one it extends");

@@ -1,0 +1,293 @@
+//! Continuous batching. One thread owns every running sequence and advances them all by one
+//! forward step at a time; the requests of any `generate` call join at the next step and leave
+//! as soon as they finish. The episodes of an agent loop each call on their own, so a
+//! trajectory that stops early never waits for the slowest of its turn, and one trajectory's
+//! tool result is read in the same steps as the others' decoding.
+//!
+//! The forward pass is row-local (see [`super::llama`]): which sequences share a step changes
+//! no bit of any result, so the schedule is free to follow arrival order.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use tokio::sync::oneshot;
+
+use super::Inner;
+use super::llama::{Chunk, KvCache};
+use crate::policy::sampling::sample;
+use crate::policy::{FinishReason, Generation, GenerationRequest, PolicyError};
+
+/// A request handed to the scheduler, with where its answer goes.
+pub(super) struct Submitted {
+    pub(super) request: GenerationRequest,
+    pub(super) reply: oneshot::Sender<Result<Generation, PolicyError>>,
+}
+
+/// How long an idle scheduler waits for the rest of a burst of calls (the episodes of an agent
+/// loop start together, one call each) so that they share their first step and their prompts.
+const GATHER: Duration = Duration::from_millis(3);
+
+/// Cached sequences: token ids with the KV cache of exactly those tokens.
+pub(super) struct Sessions {
+    pub(super) capacity: usize,
+    pub(super) clock: u64,
+    pub(super) entries: Vec<(Vec<u32>, KvCache, u64)>,
+}
+
+impl Sessions {
+    pub(super) fn new(capacity: usize) -> Sessions {
+        Sessions { capacity, clock: 0, entries: Vec::new() }
+    }
+
+    /// The cache of the longest cached prefix of `context`, leaving at least one token to feed.
+    pub(super) fn lookup(&mut self, context: &[u32]) -> KvCache {
+        self.clock += 1;
+        let best = self
+            .entries
+            .iter_mut()
+            .map(|entry| (shared_prefix(entry.0.iter().copied(), context), entry))
+            .max_by_key(|(shared, _)| *shared);
+        match best {
+            Some((shared, entry)) if shared > 0 => {
+                entry.2 = self.clock;
+                entry.1.prefix(shared.min(context.len() - 1))
+            }
+            _ => KvCache::default(),
+        }
+    }
+
+    /// Keeps `cache` (of `tokens`), dropping the sequences it extends and then the least
+    /// recently used ones beyond the capacity.
+    pub(super) fn store(&mut self, tokens: Vec<u32>, cache: KvCache) {
+        debug_assert_eq!(tokens.len(), cache.len());
+        self.clock += 1;
+        self.entries.retain(|(cached, _, _)| !tokens.starts_with(cached));
+        self.entries.push((tokens, cache, self.clock));
+        let mut total: usize = self.entries.iter().map(|e| e.0.len()).sum();
+        while total > self.capacity {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.2).map(|(i, _)| i) else { break };
+            total -= self.entries.swap_remove(oldest).0.len();
+        }
+    }
+}
+
+/// How many leading tokens `tokens` shares with `context`.
+fn shared_prefix(tokens: impl Iterator<Item = u32>, context: &[u32]) -> usize {
+    tokens.zip(context).take_while(|(a, b)| a == *b).count()
+}
+
+/// One request being continued.
+struct Sequence {
+    request: GenerationRequest,
+    reply: oneshot::Sender<Result<Generation, PolicyError>>,
+    context: Vec<u32>,
+    cache: KvCache,
+    /// Tokens to feed at the next step.
+    pending: Vec<u32>,
+    rng: ChaCha8Rng,
+    picks: Vec<(u32, f32)>,
+    limit: usize,
+    finish: Option<FinishReason>,
+    /// An earlier sequence of this step with the same context and cache (the rollouts of one
+    /// question): this one copies its cache and logits after the step instead of being fed.
+    twin_of: Option<usize>,
+}
+
+impl Sequence {
+    /// The tokens its cache holds: the context and every pick but the last (not fed yet).
+    fn fed(&self) -> impl Iterator<Item = u32> + '_ {
+        self.context.iter().copied().chain(self.picks.iter().map(|(id, _)| *id)).take(self.cache.len())
+    }
+
+    /// Whether it has been through no step yet.
+    fn fresh(&self) -> bool {
+        self.picks.is_empty()
+    }
+}
+
+/// The scheduler's loop; returns when every sender of `submissions` is gone (the policy was
+/// dropped) and nothing is running.
+pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sessions: Sessions) {
+    let mut running: Vec<Sequence> = Vec::new();
+    loop {
+        let mut arrived = Vec::new();
+        if running.is_empty() {
+            match submissions.recv() {
+                Ok(batch) => arrived.extend(batch),
+                Err(_) => return,
+            }
+            let deadline = Instant::now() + GATHER;
+            loop {
+                match submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(batch) => arrived.extend(batch),
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
+            }
+        }
+        arrived.extend(submissions.try_iter().flatten());
+        // A caller that stopped waiting (its episode was dropped) frees its slot.
+        running.retain(|sequence| !sequence.reply.is_closed());
+        for submitted in arrived {
+            inner.admit(submitted, &mut running, &mut sessions);
+        }
+        if running.is_empty() {
+            continue;
+        }
+        if let Err(message) = inner.step(&mut running) {
+            for sequence in running.drain(..) {
+                let _ = sequence.reply.send(Err(inner.error(&message)));
+            }
+            continue;
+        }
+        let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
+            running.into_iter().partition(|sequence| sequence.finish.is_some());
+        running = rest;
+        for sequence in done {
+            let result = inner.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, &mut sessions);
+            let _ = sequence.reply.send(result);
+        }
+    }
+}
+
+impl Inner {
+    /// Starts a request: its context, the longest cached prefix of it (a finished sequence's
+    /// or a running one's), or a twin of this step to copy. Bad requests are answered at once.
+    fn admit(&self, submitted: Submitted, running: &mut Vec<Sequence>, sessions: &mut Sessions) {
+        let Submitted { request, reply } = submitted;
+        let context = match self.context(&request) {
+            Ok(context) => context,
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                return;
+            }
+        };
+        let limit = request.max_tokens.min(self.model.shape.context.saturating_sub(context.len()));
+        if limit == 0 {
+            let _ = reply.send(self.finish(context, Vec::new(), KvCache::default(), None, sessions));
+            return;
+        }
+        let mut cache = sessions.lookup(&context);
+        // A running sequence can share more: a twin that arrived a step after the others.
+        if let Some((shared, sequence)) =
+            running.iter().map(|s| (shared_prefix(s.fed(), &context), s)).max_by_key(|(shared, _)| *shared)
+        {
+            let usable = shared.min(context.len() - 1);
+            if usable > cache.len() {
+                cache = sequence.cache.prefix(usable);
+            }
+        }
+        let twin_of = running
+            .iter()
+            .position(|s| s.fresh() && s.twin_of.is_none() && s.cache.len() == cache.len() && s.context == context);
+        running.push(Sequence {
+            pending: context[cache.len()..].to_vec(),
+            rng: ChaCha8Rng::seed_from_u64(request.seed),
+            request,
+            reply,
+            context,
+            cache,
+            picks: Vec::new(),
+            limit,
+            finish: None,
+            twin_of,
+        });
+    }
+
+    /// The request's context as token ids, checked.
+    fn context(&self, request: &GenerationRequest) -> Result<Vec<u32>, PolicyError> {
+        if request.json_schema.is_some() {
+            return Err(self.error(
+                "the candle backend has no constrained decoding; give the spec a `judge:` section with the \
+                 mistralrs or openai backend for skill distillation",
+            ));
+        }
+        let context = match &request.context_ids {
+            Some(ids) => ids.clone(),
+            None => self.tokenize(&request.context)?,
+        };
+        let vocabulary = self.model.vocabulary();
+        if context.is_empty() {
+            return Err(self.error("empty context"));
+        }
+        if let Some(id) = context.iter().find(|&&id| id as usize >= vocabulary) {
+            return Err(self.error(format!("token id {id} outside the vocabulary of {vocabulary}")));
+        }
+        Ok(context)
+    }
+
+    /// One forward step of every running sequence, then one sampled token each.
+    fn step(&self, running: &mut [Sequence]) -> Result<(), String> {
+        let mut chunks: Vec<Chunk<'_>> = running
+            .iter_mut()
+            .filter(|s| s.twin_of.is_none())
+            .map(|s| Chunk { cache: &mut s.cache, tokens: &s.pending })
+            .collect();
+        let mut logits = self.model.forward(&mut chunks).map_err(|e| e.to_string())?.into_iter();
+        drop(chunks);
+        let mut next: Vec<Vec<f32>> = Vec::with_capacity(running.len());
+        for i in 0..running.len() {
+            match running[i].twin_of.take() {
+                Some(source) => {
+                    running[i].cache = running[source].cache.clone();
+                    next.push(next[source].clone());
+                }
+                None => next.push(logits.next().expect("one row of logits per fed sequence")),
+            }
+        }
+        running.par_iter_mut().zip(next).try_for_each(|(sequence, mut logits)| {
+            let request = &sequence.request;
+            if request.ignore_eos {
+                self.stops.iter().for_each(|&id| logits[id as usize] = f32::NEG_INFINITY);
+            }
+            let (id, logprob) = sample(&logits, request.sampling, &mut sequence.rng);
+            sequence.picks.push((id, logprob));
+            sequence.pending = vec![id];
+            sequence.finish = if self.stops.contains(&id) {
+                Some(FinishReason::Eos)
+            } else if self.ends_with_stop(&sequence.picks, &request.stop).map_err(|e| e.to_string())? {
+                Some(FinishReason::Stop)
+            } else if sequence.picks.len() >= sequence.limit {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            Ok(())
+        })
+    }
+
+    /// The generation of a finished sequence; its cache is kept for later turns.
+    fn finish(
+        &self,
+        context: Vec<u32>,
+        picks: Vec<(u32, f32)>,
+        cache: KvCache,
+        finish: Option<FinishReason>,
+        sessions: &mut Sessions,
+    ) -> Result<Generation, PolicyError> {
+        let ids: Vec<u32> = picks.iter().map(|(id, _)| *id).collect();
+        let text = self.decode(&ids)?;
+        let mut fed = context;
+        fed.extend(ids.iter().take(ids.len().saturating_sub(1)));
+        if fed.len() == cache.len() {
+            sessions.store(fed, cache);
+        }
+        Ok(Generation {
+            text,
+            token_ids: Some(ids),
+            logprobs: Some(picks.iter().map(|(_, lp)| *lp).collect()),
+            finish: finish.unwrap_or(FinishReason::Length),
+        })
+    }
+
+    /// Whether the text of `picks` has just come to contain a stop string. Only the last
+    /// tokens are decoded: a stop string that appeared earlier would have stopped generation.
+    fn ends_with_stop(&self, picks: &[(u32, f32)], stops: &[String]) -> Result<bool, PolicyError> {
+        let Some(longest) = stops.iter().map(String::len).max() else { return Ok(false) };
+        let tail: Vec<u32> = picks[picks.len().saturating_sub(longest + 1)..].iter().map(|(id, _)| *id).collect();
+        let text = self.decode(&tail)?;
+        Ok(stops.iter().any(|stop| text.contains(stop.as_str())))
+    }
+}
