@@ -4,105 +4,215 @@
 
 use rayon::prelude::*;
 
-/// Output columns per parallel part, at least: smaller parts cost more in scheduling than
-/// they gain.
-const MIN_PART: usize = 128;
+/// Output columns per panel of a [`PackedWeight`]: two 8-lane registers.
+const LANES: usize = 16;
+/// Rows per tile of the product kernel: with two accumulators per row and the two weight
+/// registers, six rows fill the sixteen AVX registers.
+const TILE_ROWS: usize = 6;
+/// Rows whose inputs stay in cache while a thread sweeps its panels.
+const ROW_BLOCK: usize = 96;
+/// Panels per parallel part, at least: smaller parts cost more in scheduling than they gain.
+const MIN_PANELS: usize = 8;
 
-/// `out[rows × outputs] (+)= x[rows × inputs] · Wᵀ` with `W` stored `[outputs, inputs]`
-/// row-major (as checkpoints store dense layers); `accumulate` adds to `out` instead of
-/// overwriting it. The output columns are split over up to `threads` threads.
+/// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), laid out once at
+/// load for `x · Wᵀ`: panels of [`LANES`] output columns, each `inputs × LANES` with the
+/// columns side by side (the last panel padded with zeros).
 ///
-/// matrixmultiply's sgemm sums each element over k in the same blocks whatever the number of
-/// rows, and splitting columns does not touch the sums: the result is row-invariant. (It also
-/// runs at 85–107 GFLOP/s on one core here, against 56 for the `gemm` crate candle uses.)
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_t(
-    x: &[f32],
-    rows: usize,
-    weight: &[f32],
+/// Packing once is the point: a general sgemm (matrixmultiply, which this replaced) repacks
+/// the weights on every call, which took 27 % of decoding time when each call has a few rows.
+pub(crate) struct PackedWeight {
+    panels: Vec<f32>,
     inputs: usize,
     outputs: usize,
-    out: &mut [f32],
-    accumulate: bool,
-    threads: usize,
-) {
-    assert!(
-        x.len() >= rows * inputs && weight.len() == outputs * inputs && out.len() >= rows * outputs,
-        "matmul_t: buffers do not match {rows}×{inputs} · ({outputs}×{inputs})ᵀ"
-    );
-    let parts = threads.clamp(1, (outputs / MIN_PART).max(1));
-    let width = outputs.div_ceil(parts);
-    let out = SharedOut(out.as_mut_ptr());
-    let part = |p: usize| {
-        let (start, end) = (p * width, ((p + 1) * width).min(outputs));
-        if start >= end {
-            return;
+}
+
+impl PackedWeight {
+    /// Packs `weight`, `outputs × inputs` row-major.
+    pub(crate) fn new(weight: &[f32], inputs: usize, outputs: usize) -> PackedWeight {
+        assert_eq!(weight.len(), inputs * outputs, "PackedWeight: {} values for {outputs}×{inputs}", weight.len());
+        let count = outputs.div_ceil(LANES);
+        let mut panels = vec![0.0f32; count * inputs * LANES];
+        for (p, panel) in panels.chunks_exact_mut(inputs * LANES).enumerate() {
+            for lane in 0..LANES.min(outputs - p * LANES) {
+                let row = &weight[(p * LANES + lane) * inputs..][..inputs];
+                for (k, &w) in row.iter().enumerate() {
+                    panel[k * LANES + lane] = w;
+                }
+            }
         }
-        // SAFETY: the assertion above keeps every access in bounds; `x` is `rows × inputs`
-        // row-major, the weight rows `start..end` are read as a transposed `inputs × (end -
-        // start)` matrix, and each part writes only its own columns `start..end` of `out`.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                inputs,
-                end - start,
-                1.0,
-                x.as_ptr(),
-                inputs as isize,
-                1,
-                weight.as_ptr().add(start * inputs),
-                1,
-                inputs as isize,
-                if accumulate { 1.0 } else { 0.0 },
-                out.at(start),
-                outputs as isize,
-                1,
-            );
+        PackedWeight { panels, inputs, outputs }
+    }
+
+    /// `out[rows × outputs] (+)= x[rows × inputs] · Wᵀ`; `accumulate` adds to `out` instead of
+    /// overwriting it. Panels are split over up to `threads` threads.
+    ///
+    /// Every output element is one chain of fused multiply-adds over `k = 0, 1, …, inputs-1`
+    /// from zero, whatever the tile, the number of rows or threads: the result is row-invariant
+    /// and the same on every machine with IEEE fused multiply-add.
+    pub(crate) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
+        let (inputs, outputs) = (self.inputs, self.outputs);
+        assert!(
+            x.len() >= rows * inputs && out.len() >= rows * outputs,
+            "PackedWeight::matmul: buffers do not match {rows}×{inputs} · ({outputs}×{inputs})ᵀ"
+        );
+        let panels = outputs.div_ceil(LANES);
+        let parts = threads.clamp(1, (panels / MIN_PANELS).max(1));
+        let per_part = panels.div_ceil(parts);
+        let shared = SharedOut(out.as_mut_ptr());
+        let part = |part: usize| {
+            let panel_range = part * per_part..((part + 1) * per_part).min(panels);
+            for block in (0..rows).step_by(ROW_BLOCK) {
+                let block_end = (block + ROW_BLOCK).min(rows);
+                for p in panel_range.clone() {
+                    let panel = &self.panels[p * inputs * LANES..][..inputs * LANES];
+                    let columns = LANES.min(outputs - p * LANES);
+                    let mut row = block;
+                    while row < block_end {
+                        let tile = (block_end - row).min(TILE_ROWS);
+                        let x = &x[row * inputs..(row + tile) * inputs];
+                        let mut sums = [[0.0f32; LANES]; TILE_ROWS];
+                        match tile {
+                            6 => product::<6>(x, panel, &mut sums),
+                            5 => product::<5>(x, panel, &mut sums),
+                            4 => product::<4>(x, panel, &mut sums),
+                            3 => product::<3>(x, panel, &mut sums),
+                            2 => product::<2>(x, panel, &mut sums),
+                            _ => product::<1>(x, panel, &mut sums),
+                        }
+                        for (r, sums) in sums.iter().take(tile).enumerate() {
+                            // SAFETY: the assertion above bounds `row + r < rows` and the
+                            // columns `p * LANES + c < outputs`; parts write disjoint panels.
+                            let target = unsafe {
+                                std::slice::from_raw_parts_mut(shared.at((row + r) * outputs + p * LANES), columns)
+                            };
+                            if accumulate {
+                                target.iter_mut().zip(sums).for_each(|(t, s)| *t += s);
+                            } else {
+                                target.copy_from_slice(&sums[..columns]);
+                            }
+                        }
+                        row += tile;
+                    }
+                }
+            }
+        };
+        if parts == 1 {
+            part(0);
+        } else {
+            (0..parts).into_par_iter().for_each(part);
         }
-    };
-    if parts == 1 {
-        part(0);
-    } else {
-        (0..parts).into_par_iter().for_each(part);
     }
 }
 
-/// The output buffer shared by the column parts of [`matmul_t`], which write disjoint columns.
+/// The product of `R` rows of `x` (each `inputs` long) with one panel, into `sums`: one fused
+/// multiply-add chain per element, `k` ascending, with AVX2 where the CPU has it.
+#[inline(always)]
+fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { product_avx2::<R>(x, panel, sums) };
+    }
+    product_portable::<R>(x, panel, sums)
+}
+
+/// [`product`] element by element; fused multiply-add rounds once, so this gives the very
+/// bits of the vector version.
+fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    let inputs = x.len() / R;
+    for (r, sums) in sums.iter_mut().take(R).enumerate() {
+        let row = &x[r * inputs..][..inputs];
+        let mut acc = [0.0f32; LANES];
+        for (value, weights) in row.iter().zip(panel.chunks_exact(LANES)) {
+            acc.iter_mut().zip(weights).for_each(|(a, w)| *a = value.mul_add(*w, *a));
+        }
+        *sums = acc;
+    }
+}
+
+/// [`product`] with the `R × 2` accumulators in AVX registers: per `k`, two weight loads, `R`
+/// broadcasts and `2R` fused multiply-adds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    use std::arch::x86_64::{
+        __m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let inputs = x.len() / R;
+    assert!(
+        x.len() == R * inputs && panel.len() >= inputs * LANES,
+        "product: {R} rows of {inputs} and a panel of {}",
+        panel.len()
+    );
+    let (x, panel) = (x.as_ptr(), panel.as_ptr());
+    let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
+    for k in 0..inputs {
+        // SAFETY: k < inputs and r < R keep every read inside `x` (R × inputs) and `panel`
+        // (inputs × LANES), as asserted above.
+        unsafe {
+            let low = _mm256_loadu_ps(panel.add(k * LANES));
+            let high = _mm256_loadu_ps(panel.add(k * LANES + 8));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let value = _mm256_broadcast_ss(&*x.add(r * inputs + k));
+                acc[0] = _mm256_fmadd_ps(value, low, acc[0]);
+                acc[1] = _mm256_fmadd_ps(value, high, acc[1]);
+            }
+        }
+    }
+    for (sums, acc) in sums.iter_mut().zip(&acc) {
+        // SAFETY: each row of `sums` holds LANES = 16 floats.
+        unsafe {
+            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
+        }
+    }
+}
+
+/// The output buffer shared by the parts of [`PackedWeight::matmul`], which write disjoint
+/// columns.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
 
-// SAFETY: see `matmul_t`: parts write disjoint elements.
+// SAFETY: see `PackedWeight::matmul`: parts write disjoint elements.
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
     fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: `offset` is a column index below the row width, inside the buffer.
+        // SAFETY: callers pass an offset inside the buffer.
         unsafe { self.0.add(offset) }
     }
 }
 
-/// A dense layer `y = x Wᵀ + b`, with `W` stored `[outputs, inputs]` as in checkpoints.
+/// A dense layer `y = x Wᵀ + b`.
 pub(crate) struct Dense {
-    pub(crate) weight: Vec<f32>,
+    pub(crate) weight: PackedWeight,
     pub(crate) bias: Option<Vec<f32>>,
-    pub(crate) inputs: usize,
-    pub(crate) outputs: usize,
 }
 
 impl Dense {
+    /// A layer of `weight` (`outputs × inputs` row-major, as in checkpoints) and `bias`.
+    pub(crate) fn new(weight: &[f32], bias: Option<Vec<f32>>, inputs: usize, outputs: usize) -> Dense {
+        Dense { weight: PackedWeight::new(weight, inputs, outputs), bias }
+    }
+
+    pub(crate) fn inputs(&self) -> usize {
+        self.weight.inputs
+    }
+
     /// Writes `x Wᵀ + b` for `rows` rows of `x` into `out`, on up to `threads` threads.
     pub(crate) fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], threads: usize) {
-        let out = &mut out[..rows * self.outputs];
+        let outputs = self.weight.outputs;
+        let out = &mut out[..rows * outputs];
         if let Some(bias) = &self.bias {
-            out.chunks_exact_mut(self.outputs).for_each(|row| row.copy_from_slice(bias));
+            out.chunks_exact_mut(outputs).for_each(|row| row.copy_from_slice(bias));
         }
-        matmul_t(x, rows, &self.weight, self.inputs, self.outputs, out, self.bias.is_some(), threads);
+        self.weight.matmul(x, rows, out, self.bias.is_some(), threads);
     }
 
     /// [`Self::forward`] into a new buffer.
     pub(crate) fn apply(&self, x: &[f32], rows: usize, threads: usize) -> Vec<f32> {
-        let mut out = vec![0.0; rows * self.outputs];
+        let mut out = vec![0.0; rows * self.weight.outputs];
         self.forward(x, rows, &mut out, threads);
         out
     }
@@ -155,11 +265,25 @@ pub(crate) fn attend(
         *score = (*score - max).exp();
         total += *score;
     }
-    out.fill(0.0);
-    for (j, score) in scores.iter().enumerate() {
-        let weight = score / total;
-        let value = &values[j * stride + offset..][..width];
-        out.iter_mut().zip(value).for_each(|(o, v)| *o += weight * v);
+    scores.iter_mut().for_each(|score| *score /= total);
+    // Block by block of output columns, the block's sums held in registers over all keys (a
+    // whole row of sums would go through memory at every key). Each sum adds the keys in order.
+    const BLOCK: usize = 32;
+    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+        let start = offset + b * BLOCK;
+        let mut sums = [0.0f32; BLOCK];
+        if out.len() == BLOCK {
+            for (j, weight) in scores.iter().enumerate() {
+                let value: &[f32; BLOCK] = values[j * stride + start..][..BLOCK].try_into().expect("a block");
+                sums.iter_mut().zip(value).for_each(|(s, v)| *s += weight * v);
+            }
+        } else {
+            for (j, weight) in scores.iter().enumerate() {
+                let value = &values[j * stride + start..][..out.len()];
+                sums.iter_mut().zip(value).for_each(|(s, v)| *s += weight * v);
+            }
+        }
+        out.copy_from_slice(&sums[..out.len()]);
     }
 }
 
@@ -171,14 +295,31 @@ mod tests {
     fn dense_rows_do_not_depend_on_the_batch_or_the_threads() {
         let (inputs, outputs) = (300, 700);
         let weight: Vec<f32> = (0..inputs * outputs).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
-        let layer = Dense { weight, bias: Some((0..outputs).map(|i| i as f32 * 0.01).collect()), inputs, outputs };
+        let layer = Dense::new(&weight, Some((0..outputs).map(|i| i as f32 * 0.01).collect()), inputs, outputs);
         let x: Vec<f32> = (0..37 * inputs).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
         let batch = layer.apply(&x, 37, 4);
         let row = 23;
         let alone = layer.apply(&x[row * inputs..(row + 1) * inputs], 1, 1);
         assert_eq!(&batch[row * outputs..(row + 1) * outputs], alone.as_slice());
-        let plain: f32 = (0..inputs).map(|k| x[row * inputs + k] * layer.weight[5 * inputs + k]).sum::<f32>() + 0.05;
+        let plain: f32 = (0..inputs).map(|k| x[row * inputs + k] * weight[5 * inputs + k]).sum::<f32>() + 0.05;
         assert!((alone[5] - plain).abs() < 1e-3, "{} vs {plain}", alone[5]);
+    }
+
+    #[test]
+    fn the_vector_product_gives_the_bits_of_the_portable_one() {
+        let inputs = 77;
+        let x: Vec<f32> = (0..TILE_ROWS * inputs).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+        let panel: Vec<f32> = (0..inputs * LANES).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
+        fn both<const R: usize>(x: &[f32], panel: &[f32]) {
+            let (mut fast, mut plain) = ([[0.0; LANES]; TILE_ROWS], [[0.0; LANES]; TILE_ROWS]);
+            product::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut fast);
+            product_portable::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut plain);
+            assert_eq!(fast, plain, "{R} rows");
+            assert_ne!(fast[0], [0.0; LANES]);
+        }
+        both::<1>(&x, &panel);
+        both::<3>(&x, &panel);
+        both::<6>(&x, &panel);
     }
 
     #[test]

@@ -162,13 +162,17 @@ impl Checkpoint<'_> {
         }
     }
 
+    /// The weight (`outputs × inputs`) and bias of a dense layer.
+    fn dense_parts(&self, prefix: &str, inputs: usize, outputs: usize) -> Result<(Vec<f32>, Vec<f32>), BertError> {
+        Ok((
+            self.get(&format!("{prefix}.weight"), &[outputs, inputs])?,
+            self.get(&format!("{prefix}.bias"), &[outputs])?,
+        ))
+    }
+
     fn dense(&self, prefix: &str, inputs: usize, outputs: usize) -> Result<Dense, BertError> {
-        Ok(Dense {
-            weight: self.get(&format!("{prefix}.weight"), &[outputs, inputs])?,
-            bias: Some(self.get(&format!("{prefix}.bias"), &[outputs])?),
-            inputs,
-            outputs,
-        })
+        let (weight, bias) = self.dense_parts(prefix, inputs, outputs)?;
+        Ok(Dense::new(&weight, Some(bias), inputs, outputs))
     }
 
     fn norm(&self, prefix: &str, width: usize, eps: f32) -> Result<LayerNorm, BertError> {
@@ -203,15 +207,16 @@ impl BertEncoder {
         let mut layers = Vec::new();
         for index in 0..config.num_hidden_layers {
             let prefix = format!("encoder.layer.{index}");
-            let attention = |part: &str| checkpoint.dense(&format!("{prefix}.attention.self.{part}"), hidden, hidden);
+            let attention =
+                |part: &str| checkpoint.dense_parts(&format!("{prefix}.attention.self.{part}"), hidden, hidden);
             let (query, key, value) = (attention("query")?, attention("key")?, attention("value")?);
             layers.push(Layer {
-                qkv: Dense {
-                    weight: [query.weight, key.weight, value.weight].concat(),
-                    bias: Some([query.bias, key.bias, value.bias].into_iter().flatten().flatten().collect()),
-                    inputs: hidden,
-                    outputs: 3 * hidden,
-                },
+                qkv: Dense::new(
+                    &[query.0, key.0, value.0].concat(),
+                    Some([query.1, key.1, value.1].concat()),
+                    hidden,
+                    3 * hidden,
+                ),
                 attention_out: checkpoint.dense(&format!("{prefix}.attention.output.dense"), hidden, hidden)?,
                 attention_norm: checkpoint.norm(&format!("{prefix}.attention.output.LayerNorm"), hidden, eps)?,
                 intermediate: checkpoint.dense(

@@ -1,10 +1,10 @@
 //! A llama-family decoder's forward pass over a batch of sequences, on the CPU.
 //!
 //! The GGUF's quantized matrices are dequantized once at load (exactly: F32 holds every Q4_1
-//! or Q8_0 value) and projections are F32 matrix products over all rows of a batch
-//! ([`matmul_t`]): candle's quantized kernels compute one row at a time (its Q8_0 `vec_dot`
-//! managed ~73 tokens/s here, prompt and decode alike), while a batch of rows through sgemm
-//! reuses each weight for every row.
+//! or Q8_0 value) and packed for [`PackedWeight::matmul`]; projections are F32 matrix
+//! products over all rows of a batch: candle's quantized kernels compute one row at a time
+//! (its Q8_0 `vec_dot` managed ~73 tokens/s here, prompt and decode alike), while a batch of
+//! rows reuses each weight for every row.
 //!
 //! Every operation is row-local and sums in a fixed order: norms, RoPE and attention are
 //! written here row by row, and sgemm's sums do not depend on the number of rows. A token's
@@ -19,7 +19,7 @@ use candle_core::Device;
 use candle_core::quantized::{QTensor, gguf_file};
 use rayon::prelude::*;
 
-use crate::kernels::{Dense, add_assign, attend, matmul_t};
+use crate::kernels::{Dense, PackedWeight, add_assign, attend};
 
 /// Shapes read from the GGUF metadata.
 #[derive(Debug, Clone)]
@@ -50,8 +50,8 @@ pub(crate) struct LlamaModel {
     pub(crate) shape: LlamaShape,
     embedding: Vec<f32>,
     output_norm: Vec<f32>,
-    /// The output projection, `vocabulary × hidden`; `None` when tied to the embedding.
-    output: Option<Vec<f32>>,
+    /// The output projection to the vocabulary (the embedding's copy when they are tied).
+    output: PackedWeight,
     threads: usize,
     blocks: Vec<Block>,
     /// cos and sin of every position's rotation angles, `context × head_dim/2`.
@@ -149,7 +149,7 @@ impl LlamaModel {
                         weight.len()
                     )));
                 }
-                Ok(Dense { weight, bias: None, inputs, outputs })
+                Ok(Dense::new(&weight, None, inputs, outputs))
             };
             blocks.push(Block {
                 attention_norm: get("attn_norm")?,
@@ -163,6 +163,7 @@ impl LlamaModel {
         let embedding = tensor("token_embd.weight")?;
         // Tied embeddings (no output.weight): the same matrix projects back to the vocabulary.
         let output = tensor("output.weight").ok();
+        let output = PackedWeight::new(output.as_deref().unwrap_or(&embedding), hidden, embedding.len() / hidden);
         let half = head_dim / 2;
         let (mut cos, mut sin) = (Vec::with_capacity(shape.context * half), Vec::with_capacity(shape.context * half));
         for position in 0..shape.context {
@@ -256,7 +257,7 @@ impl LlamaModel {
             block.attention_out.forward(&attended, n, &mut residual, threads);
             add_assign(&mut x, &residual);
             let gate_up = block.gate_up.apply(&rms_norm(&x, &block.ffn_norm, eps), n, threads);
-            let ffn = block.down.inputs;
+            let ffn = block.down.inputs();
             let activated: Vec<f32> = gate_up
                 .chunks_exact(2 * ffn)
                 .flat_map(|row| row[..ffn].iter().zip(&row[ffn..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u))
@@ -272,9 +273,8 @@ impl LlamaModel {
             last.extend_from_slice(&x[(end - 1) * hidden..end * hidden]);
         }
         let mut logits = vec![0.0f32; chunks.len() * vocabulary];
-        let output = self.output.as_deref().unwrap_or(&self.embedding);
         let normed = rms_norm(&last, &self.output_norm, eps);
-        matmul_t(&normed, chunks.len(), output, hidden, vocabulary, &mut logits, false, self.threads);
+        self.output.matmul(&normed, chunks.len(), &mut logits, false, self.threads);
         Ok(logits.chunks_exact(vocabulary).map(<[f32]>::to_vec).collect())
     }
 

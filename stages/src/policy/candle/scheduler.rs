@@ -62,7 +62,7 @@ impl Sessions {
     /// Keeps `cache` (of `tokens`), dropping the sequences it extends and then the least
     /// recently used ones beyond the capacity.
     pub(super) fn store(&mut self, tokens: Vec<u32>, cache: KvCache) {
-        debug_assert_eq!(tokens.len(), cache.len());
+        assert_eq!(tokens.len(), cache.len(), "a cache of other tokens");
         self.clock += 1;
         self.entries.retain(|(cached, _, _)| !tokens.starts_with(cached));
         self.entries.push((tokens, cache, self.clock));
