@@ -71,7 +71,7 @@ pub async fn bench_rollouts(
         .collect();
     let run = setup.agent(Role::Solver);
     let clock = Instant::now();
-    let results = run.run(&episodes).await?;
+    let (results, busy) = run.run_timed(&episodes).await?;
     let loop_seconds = clock.elapsed().as_secs_f64();
     let tokens: usize = results.iter().map(|t| t.generated_tokens()).sum();
     let prompt_tokens: usize = results.iter().filter_map(|t| t.prompt_tokens).sum();
@@ -146,6 +146,12 @@ pub async fn bench_rollouts(
         "agent loop        {loop_seconds:.1} s, {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
         results.len() as f64 * 60.0 / loop_seconds,
         tokens as f64 / loop_seconds
+    );
+    let (generation_seconds, search_seconds) = (busy.generation.as_secs_f64(), busy.search.as_secs_f64());
+    let neither = loop_seconds - generation_seconds - search_seconds;
+    println!(
+        "  inside          generation {generation_seconds:.1} s, search alone {search_seconds:.2} s, neither {neither:.2} s ({:.2}% of the loop)",
+        neither / loop_seconds * 100.0
     );
     println!(
         "  searches        {}, {:.1} ms each on average (concurrent with generation)",

@@ -11,7 +11,8 @@
 mod prompt;
 mod tags;
 
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -163,14 +164,78 @@ pub fn turn_seed(seed: u64, turn: usize) -> u64 {
     seed ^ (turn as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// Where the wall time of a batch of episodes went. Episodes overlap, so each instant counts
+/// once: as generation while any episode waits on the policy, else as search while any waits
+/// on the search tool; the rest is the loop's own work (and idling).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BusyTime {
+    /// Time with a generation in flight.
+    pub generation: Duration,
+    /// Time with a search and no generation in flight.
+    pub search: Duration,
+}
+
+/// Counts calls in flight and accumulates [`BusyTime`] as they change.
+struct BusyClock(Mutex<(usize, usize, Instant, BusyTime)>);
+
+/// What an episode is waiting on.
+#[derive(Clone, Copy)]
+enum Waiting {
+    Policy,
+    Search,
+}
+
+impl BusyClock {
+    fn new() -> BusyClock {
+        BusyClock(Mutex::new((0, 0, Instant::now(), BusyTime::default())))
+    }
+
+    /// Awaits `call`, counting it as `what` in flight.
+    async fn time<T>(&self, what: Waiting, call: impl Future<Output = T>) -> T {
+        self.change(what, true);
+        let result = call.await;
+        self.change(what, false);
+        result
+    }
+
+    fn change(&self, what: Waiting, starts: bool) {
+        let mut state = self.0.lock().expect("busy clock lock");
+        let (generating, searching, since, totals) = &mut *state;
+        let now = Instant::now();
+        if *generating > 0 {
+            totals.generation += now - *since;
+        } else if *searching > 0 {
+            totals.search += now - *since;
+        }
+        *since = now;
+        let count = match what {
+            Waiting::Policy => generating,
+            Waiting::Search => searching,
+        };
+        *count = if starts { *count + 1 } else { *count - 1 };
+    }
+
+    fn totals(&self) -> BusyTime {
+        self.0.lock().expect("busy clock lock").3
+    }
+}
+
 impl AgentRun<'_> {
     /// Runs every episode to its end, all of them concurrently. Results are in episode order.
     pub async fn run(&self, episodes: &[Episode]) -> Result<Vec<Trajectory>, AgentError> {
-        futures::future::try_join_all(episodes.iter().map(|episode| self.run_one(episode))).await
+        Ok(self.run_timed(episodes).await?.0)
+    }
+
+    /// [`Self::run`], with where the wall time went.
+    pub async fn run_timed(&self, episodes: &[Episode]) -> Result<(Vec<Trajectory>, BusyTime), AgentError> {
+        let clock = BusyClock::new();
+        let trajectories =
+            futures::future::try_join_all(episodes.iter().map(|episode| self.run_one(episode, &clock))).await?;
+        Ok((trajectories, clock.totals()))
     }
 
     /// One episode, turn by turn.
-    async fn run_one(&self, episode: &Episode) -> Result<Trajectory, AgentError> {
+    async fn run_one(&self, episode: &Episode, busy: &BusyClock) -> Result<Trajectory, AgentError> {
         let prompt_ids = self.policy.tokenize(&episode.prompt).await?;
         let mut trajectory = Trajectory {
             role: self.role,
@@ -187,8 +252,10 @@ impl AgentRun<'_> {
         for turn in 0..self.limits.max_turns {
             let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));
             let clock = Instant::now();
-            let generation = self.policy.generate(std::slice::from_ref(&request)).await?.pop().ok_or_else(|| {
-                PolicyError::Backend { name: self.policy.name().into(), message: "no generation for a request".into() }
+            let generation = busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
+            let generation = generation.into_iter().next().ok_or_else(|| PolicyError::Backend {
+                name: self.policy.name().into(),
+                message: "no generation for a request".into(),
             })?;
             let generation_ms = clock.elapsed().as_millis() as u64;
             let tokens =
@@ -224,7 +291,8 @@ impl AgentRun<'_> {
                 TurnAction::Search(query) => query,
             };
             let clock = Instant::now();
-            let hits = self.search.search(std::slice::from_ref(&query), self.top_k).await?.pop().unwrap_or_default();
+            let hits = busy.time(Waiting::Search, self.search.search(std::slice::from_ref(&query), self.top_k)).await?;
+            let hits = hits.into_iter().next().unwrap_or_default();
             let search_ms = clock.elapsed().as_millis() as u64;
             let block = information_block(&format_results(std::slice::from_ref(&hits)));
             let block_ids = if trajectory.tokens_exact { self.policy.tokenize(&block).await? } else { None };

@@ -145,3 +145,57 @@ fn trajectories_do_not_depend_on_batching() {
     assert_eq!(key(&batch[1]), key(&alone[0]));
     assert_ne!(batch[0].response, batch[1].response);
 }
+
+/// A test double: the scripted policy, answering each call after a pause.
+struct SlowPolicy(ScriptedPolicy, std::time::Duration);
+
+impl Policy for SlowPolicy {
+    fn name(&self) -> &str {
+        "slow scripted"
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> String {
+        self.0.render_chat(messages)
+    }
+
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, crate::policy::PolicyError>> {
+        self.0.tokenize(text)
+    }
+
+    fn generate<'a>(
+        &'a self,
+        requests: &'a [GenerationRequest],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<crate::policy::Generation>, crate::policy::PolicyError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.1).await;
+            self.0.generate(requests).await
+        })
+    }
+}
+
+/// Episodes wait on the policy at the same time, and that time counts once.
+#[tokio::test]
+async fn episodes_run_concurrently_and_overlapping_calls_count_once() {
+    let (_dir, index) = index();
+    let pause = std::time::Duration::from_millis(150);
+    let policy = SlowPolicy(ScriptedPolicy::new(searcher_then_answerer), pause);
+    let agent = AgentRun {
+        role: Role::Solver,
+        policy: &policy,
+        search: &index,
+        top_k: 2,
+        limits: AgentLimits::default(),
+        sampling: Sampling::GREEDY,
+    };
+    let clock = Instant::now();
+    let (trajectories, busy) = agent.run_timed(&[episode(1), episode(2), episode(3), episode(4)]).await.unwrap();
+    let wall = clock.elapsed();
+    assert!(trajectories.iter().all(|t| t.turns.len() == 2 && t.outcome == Outcome::Final("Orla".into())));
+    // Two turns of 150 ms each; one after another, the four episodes would take 1.2 s.
+    assert!(wall < 4 * pause, "episodes ran one after another: {wall:?}");
+    assert!(busy.generation >= 2 * pause && busy.generation <= wall, "{busy:?} in {wall:?}");
+    assert!(busy.search < pause, "{busy:?}");
+}

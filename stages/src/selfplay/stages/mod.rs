@@ -96,25 +96,9 @@ async fn play(
         sampling: selfplay.agent.sampling,
     };
     let mut progress = cx.progress(episodes.len() as u64);
-    let trajectories = agent.run(episodes).await.map_err(|e| failed(&format!("{role:?} episodes"), e))?;
+    let (trajectories, busy) = agent.run_timed(episodes).await.map_err(|e| failed(&format!("{role:?} episodes"), e))?;
     progress.inc(episodes.len() as u64);
-    let (generation_ms, search_ms) = generation_and_search_ms(&trajectories);
-    Ok((trajectories, generation_ms, search_ms))
-}
-
-/// Wall time of a batch of episodes spent in generation and in search, in milliseconds: the
-/// episodes advance turn by turn together, so each turn's batched call counts once.
-fn generation_and_search_ms(trajectories: &[Trajectory]) -> (f64, f64) {
-    let turns = trajectories.iter().map(|t| t.turns.len()).max().unwrap_or(0);
-    let mut totals = (0.0, 0.0);
-    for turn in 0..turns {
-        let at = |f: fn(&crate::agent::Turn) -> u64| {
-            trajectories.iter().filter_map(|t| t.turns.get(turn)).map(f).max().unwrap_or(0) as f64
-        };
-        totals.0 += at(|t| t.generation_ms);
-        totals.1 += at(|t| t.search_ms);
-    }
-    totals
+    Ok((trajectories, busy.generation.as_secs_f64() * 1e3, busy.search.as_secs_f64() * 1e3))
 }
 
 /// A file a stage reads on its first run and keeps: inputs named in a spec do not change
