@@ -2,8 +2,11 @@
 # Rollout throughput, side by side on this machine:
 #   1. sesa's agent loop: N concurrent solver trajectories with real BM25 search
 #      (`sesa bench-rollouts`, the spec's policy backend);
-#   2. raw generation of exactly the same number of tokens from the same prompts, same backend;
-#   3. llama.cpp on the same GGUF: `llama-batched-bench` with N parallel sequences.
+#   2. the same tokens without the loop: every turn's recorded context and generation replayed
+#      as plain requests (no search, no parsing) on a fresh copy of the policy;
+#   3. raw generation of exactly the same number of generated tokens from the same prompts (no
+#      tool results), same backend;
+#   4. llama.cpp on the same GGUF: `llama-batched-bench` with N parallel sequences.
 #
 # Usage: [SESA=path/to/sesa] benches/rollouts.sh [SPEC] [QUESTIONS] [N]
 #   defaults: specs/smollm2_agent.yaml, data/world/questions.jsonl (the world and its index are

@@ -38,8 +38,9 @@ pub fn bench_index(index: &Path, questions: &Path, k: usize) -> Result<u8> {
     Ok(0)
 }
 
-/// `sesa bench rollouts`: solver trajectories with real search against raw generation of the
-/// same number of tokens, to measure what the agent loop adds.
+/// `sesa bench-rollouts`: solver trajectories with real search, against the same tokens
+/// replayed without the loop (what the loop adds) and against raw generation of as many tokens
+/// from the same prompts (the shape llama-batched-bench measures).
 pub async fn bench_rollouts(
     spec_path: &Path,
     questions: &Path,

@@ -109,7 +109,8 @@ enum Command {
         #[command(subcommand)]
         command: WorldCommand,
     },
-    /// Benchmark solver rollouts with real search against raw generation of the same tokens.
+    /// Benchmark solver rollouts with real search against the same tokens without the loop and
+    /// against raw generation.
     BenchRollouts {
         /// The spec whose `model:`, `search:`, `agent:` and `prompts:` sections to use.
         #[arg(long)]

@@ -7,7 +7,7 @@
 //! The forward pass is row-local (see [`super::llama`]): which sequences share a step changes
 //! no bit of any result, so the schedule is free to follow arrival order.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
@@ -120,11 +120,8 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
                 Err(_) => return,
             }
             let deadline = Instant::now() + GATHER;
-            loop {
-                match submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(batch) => arrived.extend(batch),
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
-                }
+            while let Ok(batch) = submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                arrived.extend(batch);
             }
         }
         arrived.extend(submissions.try_iter().flatten());
