@@ -25,8 +25,9 @@ use crate::policy::{
 pub enum ModelSection {
     /// mistral.rs in process (CPU, or CUDA with the `cuda` feature).
     Mistralrs(MistralRsConfig),
-    /// sesa's batched CPU forward pass (F32 weights dequantized from the GGUF), KV caches kept
-    /// across turns (llama-family GGUF; no constrained decoding).
+    /// sesa's batched CPU forward pass (F32 weights dequantized from the GGUF), continuous
+    /// batching, KV caches kept across turns, JSON-Schema-constrained decoding (llama-family
+    /// GGUF).
     Candle(CandleConfig),
     /// Any OpenAI-compatible completions server.
     Openai(OpenAiConfig),

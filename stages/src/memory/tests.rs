@@ -238,10 +238,25 @@ fn snapshots_read_back_into_the_same_skills() {
 }
 
 /// Real failures of the SmolLM2 solver on HotpotQA (recorded from `sesa ask`), distilled by the
-/// same small model as judge: the JSON-schema constraint must give well-formed skills.
+/// same small model as judge, on both in-process backends: the JSON-schema constraint must give
+/// well-formed skills.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_model_distils_failures_into_well_formed_skills() {
-    let policy = crate::policy::testing::smollm2(1).await;
+    let mistralrs = crate::policy::testing::smollm2(1).await;
+    let home = crate::models::sesa_home();
+    let directory = tokio::task::spawn_blocking(move || crate::models::fetch(&home, "smollm2-135m-instruct"))
+        .await
+        .unwrap()
+        .unwrap();
+    let config = crate::policy::CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
+    let candle =
+        crate::policy::CandlePolicy::load(&directory.join("SmolLM2-135M-Instruct.Q4_1.gguf"), &config).unwrap();
+    for policy in [&mistralrs as &dyn crate::policy::Policy, &candle] {
+        distils_one_well_formed_skill(policy).await;
+    }
+}
+
+async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {
     let failures = [
         FailureRecord {
             id: "f1-0-0".into(),
@@ -266,7 +281,7 @@ async fn the_local_model_distils_failures_into_well_formed_skills() {
     )
     .unwrap();
     let distiller = Distiller {
-        policy: &policy,
+        policy,
         template: &template,
         max_skills: 1,
         max_tokens: 320,
@@ -274,9 +289,9 @@ async fn the_local_model_distils_failures_into_well_formed_skills() {
     };
     let batches: [&[FailureRecord]; 1] = [&failures];
     let distilled = distiller.distill(&batches, &[7]).await.unwrap();
-    eprintln!("{distilled:#?}");
+    eprintln!("{}: {distilled:#?}", policy.name());
     let out = &distilled[0];
-    assert_eq!(out.malformed, Vec::<String>::new());
+    assert_eq!(out.malformed, Vec::<String>::new(), "{}", policy.name());
     assert_eq!(out.candidates.len(), 1);
     let skill = &out.candidates[0];
     assert_eq!(skill.sanitized().as_ref(), Some(skill), "candidates come out sanitised");

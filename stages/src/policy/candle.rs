@@ -11,8 +11,9 @@
 //! - The forward pass is row-local (see [`llama`]), so neither the cache nor the batch changes
 //!   a single bit of the logits: a seed reproduces its trajectory exactly.
 //!
-//! It has no constrained decoding: a request with a JSON Schema is refused (use a mistralrs or
-//! OpenAI-compatible judge for skill distillation).
+//! A request with a JSON Schema is decoded under it (llguidance, the grammar engine mistral.rs
+//! uses): tokens the schema forbids are masked before sampling, so log-probabilities are those
+//! of the masked distribution.
 
 mod llama;
 mod scheduler;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 
 use futures::future::BoxFuture;
+use llguidance::ParserFactory;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
@@ -55,6 +57,9 @@ struct Inner {
     tokenizer: Tokenizer,
     /// Token ids that end a turn.
     stops: Vec<u32>,
+    /// The grammar engine over this vocabulary, or why it could not be built (then requests with
+    /// a JSON Schema are refused with that reason).
+    grammars: Result<ParserFactory, String>,
 }
 
 /// The batched candle backend behind the [`Policy`] trait.
@@ -82,7 +87,8 @@ impl CandlePolicy {
         let model = LlamaModel::load(&content, &mut file).map_err(|e| error(format!("{}: {e}", path.display())))?;
         let (tokenizer, stops) =
             tokenizer::from_gguf(&content).map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let inner = Arc::new(Inner { name: name.clone(), model, tokenizer, stops });
+        let grammars = grammar_engine(&tokenizer, &stops, model.vocabulary());
+        let inner = Arc::new(Inner { name: name.clone(), model, tokenizer, stops, grammars });
         let (submit, submissions) = channel();
         let (scheduled, sessions) = (inner.clone(), Sessions::new(config.cache_tokens));
         std::thread::Builder::new()
@@ -96,6 +102,20 @@ impl CandlePolicy {
     pub fn decode(&self, ids: &[u32]) -> Result<String, PolicyError> {
         self.inner.decode(ids)
     }
+}
+
+/// llguidance's grammar engine over the vocabulary of `tokenizer`, with `stops` as end of
+/// sequence.
+fn grammar_engine(tokenizer: &Tokenizer, stops: &[u32], vocabulary: usize) -> Result<ParserFactory, String> {
+    // toktrie reads tokenizers 0.21, sesa uses 0.22: they share the JSON form.
+    let json = tokenizer.to_string(false).map_err(|e| e.to_string())?;
+    let mut bytes =
+        toktrie_hf_tokenizers::ByteTokenizer::from_json_bytes(json.as_bytes()).map_err(|e| e.to_string())?;
+    if !stops.is_empty() {
+        bytes.set_eos_tokens(stops);
+    }
+    let environment = bytes.into_tok_env(Some(vocabulary)).map_err(|e| e.to_string())?;
+    ParserFactory::new_simple(&environment).map_err(|e| e.to_string())
 }
 
 impl Inner {

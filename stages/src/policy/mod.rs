@@ -64,8 +64,9 @@ pub struct GenerationRequest {
     /// supports it), or `None` for free text.
     pub json_schema: Option<serde_json::Value>,
     /// Keep generating past end-of-sequence tokens until `max_tokens` (benchmarks use it to
-    /// generate an exact number of tokens). The candle backend masks them; an OpenAI-compatible
-    /// server gets `ignore_eos` (a vLLM and llama.cpp extension); mistral.rs refuses it.
+    /// generate an exact number of tokens). The candle backend masks them (unless a JSON Schema
+    /// decides when the text ends); an OpenAI-compatible server gets `ignore_eos` (a vLLM and
+    /// llama.cpp extension); mistral.rs refuses it.
     pub ignore_eos: bool,
 }
 

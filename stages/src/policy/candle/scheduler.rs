@@ -10,6 +10,8 @@
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use llguidance::Matcher;
+use llguidance::api::TopLevelGrammar;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -91,6 +93,8 @@ struct Sequence {
     picks: Vec<(u32, f32)>,
     limit: usize,
     finish: Option<FinishReason>,
+    /// The request's JSON Schema as a grammar, tracking what has been sampled.
+    constraint: Option<Matcher>,
     /// An earlier sequence of this step with the same context and cache (the rollouts of one
     /// question): this one copies its cache and logits after the step instead of being fed.
     twin_of: Option<usize>,
@@ -161,6 +165,13 @@ impl Inner {
                 return;
             }
         };
+        let constraint = match request.json_schema.as_ref().map(|schema| self.constraint(schema)).transpose() {
+            Ok(constraint) => constraint,
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                return;
+            }
+        };
         let limit = request.max_tokens.min(self.model.shape.context.saturating_sub(context.len()));
         if limit == 0 {
             let _ = reply.send(self.finish(context, Vec::new(), KvCache::default(), None, sessions));
@@ -189,18 +200,13 @@ impl Inner {
             picks: Vec::new(),
             limit,
             finish: None,
+            constraint,
             twin_of,
         });
     }
 
     /// The request's context as token ids, checked.
     fn context(&self, request: &GenerationRequest) -> Result<Vec<u32>, PolicyError> {
-        if request.json_schema.is_some() {
-            return Err(self.error(
-                "the candle backend has no constrained decoding; give the spec a `judge:` section with the \
-                 mistralrs or openai backend for skill distillation",
-            ));
-        }
         let context = match &request.context_ids {
             Some(ids) => ids.clone(),
             None => self.tokenize(&request.context)?,
@@ -213,6 +219,15 @@ impl Inner {
             return Err(self.error(format!("token id {id} outside the vocabulary of {vocabulary}")));
         }
         Ok(context)
+    }
+
+    /// A grammar for `schema`, at its start.
+    fn constraint(&self, schema: &serde_json::Value) -> Result<Matcher, PolicyError> {
+        let grammars = self.grammars.as_ref().map_err(|e| self.error(format!("no constrained decoding here: {e}")))?;
+        let parser = grammars
+            .create_parser(TopLevelGrammar::from_json_schema(schema.clone()))
+            .map_err(|e| self.error(format!("the JSON Schema cannot be decoded under: {e}")))?;
+        Ok(Matcher::new(Ok(parser)))
     }
 
     /// One forward step of every running sequence, then one sampled token each.
@@ -236,13 +251,30 @@ impl Inner {
         }
         running.par_iter_mut().zip(next).try_for_each(|(sequence, mut logits)| {
             let request = &sequence.request;
-            if request.ignore_eos {
-                self.stops.iter().for_each(|&id| logits[id as usize] = f32::NEG_INFINITY);
+            match &mut sequence.constraint {
+                // The grammar alone says when the text may end.
+                Some(grammar) => {
+                    let allowed = grammar.compute_mask_or_eos().map_err(|e| e.to_string())?;
+                    for (id, logit) in logits.iter_mut().enumerate() {
+                        if id >= allowed.len() || !allowed.is_allowed(id as u32) {
+                            *logit = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                None if request.ignore_eos => self.stops.iter().for_each(|&id| logits[id as usize] = f32::NEG_INFINITY),
+                None => {}
             }
             let (id, logprob) = sample(&logits, request.sampling, &mut sequence.rng);
             sequence.picks.push((id, logprob));
             sequence.pending = vec![id];
-            sequence.finish = if self.stops.contains(&id) {
+            let grammar_done = match &mut sequence.constraint {
+                Some(grammar) if !self.stops.contains(&id) => {
+                    grammar.consume_token(id).map_err(|e| e.to_string())?;
+                    grammar.is_stopped()
+                }
+                _ => false,
+            };
+            sequence.finish = if self.stops.contains(&id) || grammar_done {
                 Some(FinishReason::Eos)
             } else if self.ends_with_stop(&sequence.picks, &request.stop).map_err(|e| e.to_string())? {
                 Some(FinishReason::Stop)

@@ -185,17 +185,46 @@ async fn concurrent_calls_give_what_each_gives_alone() {
 }
 
 #[tokio::test]
-async fn generation_stops_right_after_a_stop_string_and_refuses_json_schemas() {
+async fn generation_stops_right_after_a_stop_string() {
     let policy = policy();
     let context =
         "<|im_start|>user\nCount from 1 to 20, separated by commas.<|im_end|>\n<|im_start|>assistant\n1, 2, 3,";
     let generation = policy.generate(&[request(context, 1, &[" 6"])]).await.unwrap().remove(0);
     assert_eq!(generation.finish, FinishReason::Stop, "{:?}", generation.text);
     assert!(generation.text.ends_with(" 6") || generation.text.ends_with(" 6,"), "{:?}", generation.text);
-    let mut constrained = request(context, 1, &[]);
-    constrained.json_schema = Some(serde_json::json!({"type": "object"}));
-    let error = policy.generate(&[constrained]).await.unwrap_err().to_string();
-    assert!(error.contains("judge"), "{error}");
+}
+
+#[tokio::test]
+async fn a_json_schema_constrains_the_text_to_valid_json() {
+    let policy = policy();
+    let context = "<|im_start|>user\nWho wrote Dracula, and in which year? Answer in JSON.<|im_end|>\n\
+                   <|im_start|>assistant\n";
+    let mut constrained = request(context, 3, &[]);
+    constrained.max_tokens = 80;
+    constrained.json_schema = Some(serde_json::json!({
+        "type": "object",
+        "properties": {"author": {"type": "string", "maxLength": 24}, "year": {"type": "integer"}},
+        "required": ["author", "year"],
+        "additionalProperties": false
+    }));
+    let generation = policy.generate(std::slice::from_ref(&constrained)).await.unwrap().remove(0);
+    let value: serde_json::Value = serde_json::from_str(generation.text.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", generation.text));
+    assert!(value["author"].is_string() && value["year"].is_i64(), "{value}");
+    assert_eq!(value.as_object().unwrap().len(), 2, "{value}");
+    assert_eq!(generation.finish, FinishReason::Eos);
+    let ids = generation.token_ids.as_ref().unwrap();
+    assert_eq!(policy.decode(ids).unwrap(), generation.text);
+    assert!(generation.logprobs.as_ref().unwrap().iter().all(|lp| *lp <= 0.0 && lp.is_finite()));
+    // Unconstrained, the same seed writes prose; constrained again, the same JSON.
+    let free = policy.generate(&[request(context, 3, &[])]).await.unwrap().remove(0);
+    assert!(serde_json::from_str::<serde_json::Value>(free.text.trim()).is_err(), "{:?}", free.text);
+    assert_eq!(policy.generate(&[constrained]).await.unwrap().remove(0), generation);
+
+    let mut impossible = request(context, 3, &[]);
+    impossible.json_schema = Some(serde_json::json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}));
+    let error = policy.generate(&[impossible]).await.unwrap_err().to_string();
+    assert!(error.contains("JSON Schema"), "{error}");
 }
 
 #[test]
