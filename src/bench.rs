@@ -40,11 +40,13 @@ pub fn bench_index(index: &Path, questions: &Path, k: usize) -> Result<u8> {
 
 /// `sesa bench-rollouts`: solver trajectories with real search, against the same tokens
 /// replayed without the loop (what the loop adds) and against raw generation of as many tokens
-/// from the same prompts (the shape llama-batched-bench measures).
+/// from the same prompts (the shape llama-batched-bench measures). The loop and the replay run
+/// `repeats` times, alternately, each on a freshly loaded policy; medians are reported.
 pub async fn bench_rollouts(
     spec_path: &Path,
     questions: &Path,
     trajectories: usize,
+    repeats: usize,
     registry: &sesa_engine::Registry,
 ) -> Result<u8> {
     use std::collections::BTreeMap;
@@ -59,21 +61,49 @@ pub async fn bench_rollouts(
     let setup = AgentSetup::from_spec(&spec).await?;
     let template = setup.template(Role::Solver)?;
     let questions = load_questions(questions)?;
-    let policy = setup.policy.clone();
     let episodes: Vec<Episode> = questions
         .iter()
         .cycle()
         .take(trajectories)
         .enumerate()
         .map(|(i, q)| Episode {
-            prompt: policy.render_chat(&template.render(&BTreeMap::from([("question", q.question.clone())]))),
+            prompt: setup.policy.render_chat(&template.render(&BTreeMap::from([("question", q.question.clone())]))),
             seed: i as u64,
         })
         .collect();
-    let run = setup.agent(Role::Solver);
-    let clock = Instant::now();
-    let (results, busy) = run.run_timed(&episodes).await?;
-    let loop_seconds = clock.elapsed().as_secs_f64();
+    let sampling = setup.agent.sampling;
+    drop(setup);
+
+    // Each measurement runs on a freshly loaded policy, the others' memory freed. The
+    // trajectories are the same every time (seeded, and batching changes no bit).
+    let (mut loops, mut replays, mut results, mut busy) = (Vec::new(), Vec::new(), Vec::new(), Default::default());
+    for _ in 0..repeats.max(1) {
+        let setup = AgentSetup::from_spec(&spec).await?;
+        let run = setup.agent(Role::Solver);
+        let clock = Instant::now();
+        (results, busy) = run.run_timed(&episodes).await?;
+        loops.push(clock.elapsed().as_secs_f64());
+        drop(run);
+        drop(setup);
+        // The same tokens without the loop: each trajectory's turns as plain generation
+        // requests (its recorded context, its turn seed, as many tokens as the turn had), all
+        // trajectories concurrently. The model reads and writes exactly what it did in the
+        // loop; searching, parsing and the loop's bookkeeping are what is missing.
+        let policy = AgentSetup::from_spec(&spec).await?.policy;
+        let clock = Instant::now();
+        let replayed = futures::future::try_join_all(
+            results.iter().zip(&episodes).map(|(t, e)| replay(policy.as_ref(), t, e.seed, sampling)),
+        )
+        .await?;
+        replays.push(replayed.iter().all(|&r| r).then(|| clock.elapsed().as_secs_f64()));
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let loop_seconds = median(&mut loops.clone());
+    let replays: Option<Vec<f64>> = replays.into_iter().collect();
+    let replay_seconds = replays.clone().map(|mut r| median(&mut r));
     let tokens: usize = results.iter().map(|t| t.generated_tokens()).sum();
     let prompt_tokens: usize = results.iter().filter_map(|t| t.prompt_tokens).sum();
     let read_tokens: usize = results.iter().map(|t| t.token_ids.len().saturating_sub(t.generated_tokens())).sum();
@@ -86,24 +116,12 @@ pub async fn bench_rollouts(
             context_ids,
             max_tokens,
             stop: Vec::new(),
-            sampling: setup.agent.sampling,
+            sampling,
             seed,
             json_schema: None,
             ignore_eos,
         }
     };
-    // The same tokens without the loop, on a freshly loaded policy: each trajectory's turns as
-    // plain generation requests (its recorded context, its turn seed, as many tokens as the
-    // turn had), all trajectories concurrently. The model reads and writes exactly what it did
-    // in the loop; searching, parsing and the loop's bookkeeping are what is missing.
-    let replay_policy = AgentSetup::from_spec(&spec).await?.policy;
-    let clock = Instant::now();
-    let replayed = futures::future::try_join_all(
-        results.iter().zip(&episodes).map(|(t, e)| replay(replay_policy.as_ref(), t, e.seed, setup.agent.sampling)),
-    )
-    .await?;
-    let replay_seconds = clock.elapsed().as_secs_f64();
-
     // Raw generation of the same number of tokens per trajectory from the same prompts (no
     // tool results), on a freshly loaded policy, as llama-batched-bench runs it: the prompt
     // and first token, then the rest from there (after EOS too).
@@ -143,25 +161,30 @@ pub async fn bench_rollouts(
     println!("mean prompt       {} tokens", prompt_tokens / n);
     println!("mean generated    {} tokens", tokens / n);
     println!("mean tool results {} tokens (read by the model in the loop, not generated)", read_tokens / n);
+    let runs = |values: &[f64]| values.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(", ");
     println!(
-        "agent loop        {loop_seconds:.1} s, {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
+        "agent loop        {loop_seconds:.1} s (median of {}), {:.1} trajectories/min, {:.1} generated tokens/s ({tokens} tokens)",
+        runs(&loops),
         results.len() as f64 * 60.0 / loop_seconds,
         tokens as f64 / loop_seconds
     );
+    // Where the last loop's time went.
+    let last: f64 = loops.last().copied().unwrap_or(loop_seconds);
     let (generation_seconds, search_seconds) = (busy.generation.as_secs_f64(), busy.search.as_secs_f64());
-    let neither = loop_seconds - generation_seconds - search_seconds;
+    let neither = last - generation_seconds - search_seconds;
     println!(
-        "  inside          generation {generation_seconds:.1} s, search alone {search_seconds:.2} s, neither {neither:.2} s ({:.2}% of the loop)",
-        neither / loop_seconds * 100.0
+        "  inside (last)   generation {generation_seconds:.1} s, search alone {search_seconds:.2} s, neither {neither:.2} s ({:.2}% of the loop)",
+        neither / last * 100.0
     );
     println!(
         "  searches        {}, {:.1} ms each on average (concurrent with generation)",
         searches.len(),
         searches.iter().sum::<u64>() as f64 / searches.len().max(1) as f64
     );
-    if replayed.iter().all(|&r| r) {
+    if let (Some(replay_seconds), Some(replays)) = (replay_seconds, &replays) {
         println!(
-            "same tokens       {replay_seconds:.1} s without the loop (every turn's context and generation replayed, no search)"
+            "same tokens       {replay_seconds:.1} s (median of {}) without the loop (every turn's context and generation replayed, no search)",
+            runs(replays)
         );
         println!(
             "loop vs same      {:+.1}% wall time: what the agent loop adds",

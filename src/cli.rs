@@ -121,6 +121,9 @@ enum Command {
         /// Trajectories in flight together.
         #[arg(long, default_value_t = 32)]
         trajectories: usize,
+        /// Runs of the loop and of its replay, alternately (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
     },
     /// Measure the skill embedder (texts/s, one query's latency) and bank retrieval latency.
     BenchSkills {
@@ -426,8 +429,8 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             .await?;
             Ok(0)
         }
-        Command::BenchRollouts { spec, questions, trajectories } => {
-            crate::bench::bench_rollouts(&spec, &questions, trajectories, registry).await
+        Command::BenchRollouts { spec, questions, trajectories, repeats } => {
+            crate::bench::bench_rollouts(&spec, &questions, trajectories, repeats, registry).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
         Command::Ask { text, spec, overrides, role, hops, seed } => {

@@ -209,13 +209,6 @@ impl Dense {
         }
         self.weight.matmul(x, rows, out, self.bias.is_some(), threads);
     }
-
-    /// [`Self::forward`] into a new buffer.
-    pub(crate) fn apply(&self, x: &[f32], rows: usize, threads: usize) -> Vec<f32> {
-        let mut out = vec![0.0; rows * self.weight.outputs];
-        self.forward(x, rows, &mut out, threads);
-        out
-    }
 }
 
 /// A dot product in eight independent lanes, so the compiler can keep it in SIMD registers
@@ -297,9 +290,14 @@ mod tests {
         let weight: Vec<f32> = (0..inputs * outputs).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
         let layer = Dense::new(&weight, Some((0..outputs).map(|i| i as f32 * 0.01).collect()), inputs, outputs);
         let x: Vec<f32> = (0..37 * inputs).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
-        let batch = layer.apply(&x, 37, 4);
+        let apply = |x: &[f32], rows: usize, threads: usize| {
+            let mut out = vec![0.0; rows * outputs];
+            layer.forward(x, rows, &mut out, threads);
+            out
+        };
+        let batch = apply(&x, 37, 4);
         let row = 23;
-        let alone = layer.apply(&x[row * inputs..(row + 1) * inputs], 1, 1);
+        let alone = apply(&x[row * inputs..(row + 1) * inputs], 1, 1);
         assert_eq!(&batch[row * outputs..(row + 1) * outputs], alone.as_slice());
         let plain: f32 = (0..inputs).map(|k| x[row * inputs + k] * weight[5 * inputs + k]).sum::<f32>() + 0.05;
         assert!((alone[5] - plain).abs() < 1e-3, "{} vs {plain}", alone[5]);

@@ -223,12 +223,18 @@ impl LlamaModel {
             }
         }
         let kv_width = kv_heads * head_dim;
+        // Buffers for every layer, allocated once per call: a long prompt's would otherwise be
+        // mapped, zeroed by the kernel and unmapped at every layer.
+        let mut normed = vec![0.0f32; n * hidden];
         let mut attended = vec![0.0f32; n * hidden];
         let mut residual = vec![0.0f32; n * hidden];
+        let (mut qkv, mut gate_up, mut activated) = (Vec::new(), Vec::new(), Vec::new());
         let threads = self.threads;
         let qkv_width = hidden + 2 * kv_width;
         for (l, block) in self.blocks.iter().enumerate() {
-            let mut qkv = block.qkv.apply(&rms_norm(&x, &block.attention_norm, eps), n, threads);
+            rms_norm(&x, &block.attention_norm, eps, &mut normed);
+            qkv.resize(n * qkv_width, 0.0);
+            block.qkv.forward(&normed, n, &mut qkv, threads);
             self.rotate(&mut qkv, &rows, 0, heads, qkv_width);
             self.rotate(&mut qkv, &rows, hidden, kv_heads, qkv_width);
             let mut start = 0;
@@ -256,12 +262,18 @@ impl LlamaModel {
             });
             block.attention_out.forward(&attended, n, &mut residual, threads);
             add_assign(&mut x, &residual);
-            let gate_up = block.gate_up.apply(&rms_norm(&x, &block.ffn_norm, eps), n, threads);
+            rms_norm(&x, &block.ffn_norm, eps, &mut normed);
             let ffn = block.down.inputs();
-            let activated: Vec<f32> = gate_up
-                .chunks_exact(2 * ffn)
-                .flat_map(|row| row[..ffn].iter().zip(&row[ffn..]).map(|(g, u)| g / (1.0 + (-g).exp()) * u))
-                .collect();
+            gate_up.resize(n * 2 * ffn, 0.0);
+            block.gate_up.forward(&normed, n, &mut gate_up, threads);
+            activated.resize(n * ffn, 0.0);
+            // SiLU(gate) · up, rows in parallel (one exp per element).
+            activated.par_chunks_mut(ffn).zip(gate_up.par_chunks(2 * ffn)).for_each(|(out, row)| {
+                let (gate, up) = row.split_at(ffn);
+                for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
             block.down.forward(&activated, n, &mut residual, threads);
             add_assign(&mut x, &residual);
         }
@@ -273,7 +285,8 @@ impl LlamaModel {
             last.extend_from_slice(&x[(end - 1) * hidden..end * hidden]);
         }
         let mut logits = vec![0.0f32; chunks.len() * vocabulary];
-        let normed = rms_norm(&last, &self.output_norm, eps);
+        let mut normed = vec![0.0f32; last.len()];
+        rms_norm(&last, &self.output_norm, eps, &mut normed);
         self.output.matmul(&normed, chunks.len(), &mut logits, false, self.threads);
         Ok(logits.chunks_exact(vocabulary).map(<[f32]>::to_vec).collect())
     }
@@ -300,12 +313,11 @@ fn metadata<'a>(content: &'a gguf_file::Content, key: &str) -> Result<&'a gguf_f
     content.metadata.get(key).ok_or_else(|| ModelError(format!("GGUF metadata `{key}` is missing")))
 }
 
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(weight.len()) {
+/// Each row of `x` scaled to unit root mean square, times `weight`, into `out`.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    for (row, out) in x.chunks_exact(weight.len()).zip(out.chunks_exact_mut(weight.len())) {
         let mean_square = row.iter().map(|v| v * v).sum::<f32>() / weight.len() as f32;
         let scale = 1.0 / (mean_square + eps).sqrt();
-        out.extend(row.iter().zip(weight).map(|(v, w)| v * scale * w));
+        out.iter_mut().zip(row.iter().zip(weight)).for_each(|(o, (v, w))| *o = v * scale * w);
     }
-    out
 }

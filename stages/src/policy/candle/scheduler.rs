@@ -28,9 +28,12 @@ pub(super) struct Submitted {
     pub(super) reply: oneshot::Sender<Result<Generation, PolicyError>>,
 }
 
-/// How long an idle scheduler waits for the rest of a burst of calls (the episodes of an agent
-/// loop start together, one call each) so that they share their first step and their prompts.
-const GATHER: Duration = Duration::from_millis(3);
+/// How long the scheduler waits for calls about to come: the rest of a burst when it was idle
+/// (the episodes of an agent loop start together, one call each, and share their first step
+/// and prompts), and the next turns of the requests it has just answered (an episode searches
+/// and comes back within a millisecond or two; missing the next step would cost it a step, tens
+/// to hundreds of milliseconds).
+const GATHER: Duration = Duration::from_millis(5);
 
 /// Cached sequences: token ids with the KV cache of exactly those tokens.
 pub(super) struct Sessions {
@@ -116,6 +119,8 @@ impl Sequence {
 /// dropped) and nothing is running.
 pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sessions: Sessions) {
     let mut running: Vec<Sequence> = Vec::new();
+    // Requests answered by the last step, whose callers may come back at once.
+    let mut answered = 0;
     loop {
         let mut arrived = Vec::new();
         if running.is_empty() {
@@ -123,10 +128,9 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
                 Ok(batch) => arrived.extend(batch),
                 Err(_) => return,
             }
-            let deadline = Instant::now() + GATHER;
-            while let Ok(batch) = submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                arrived.extend(batch);
-            }
+            gather(&submissions, &mut arrived, usize::MAX);
+        } else if answered > 0 {
+            gather(&submissions, &mut arrived, answered);
         }
         arrived.extend(submissions.try_iter().flatten());
         // A caller that stopped waiting (its episode was dropped) frees its slot.
@@ -146,9 +150,21 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
         let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
             running.into_iter().partition(|sequence| sequence.finish.is_some());
         running = rest;
+        answered = done.len();
         for sequence in done {
             let result = inner.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, &mut sessions);
             let _ = sequence.reply.send(result);
+        }
+    }
+}
+
+/// Receives for up to [`GATHER`], until `enough` requests have arrived.
+fn gather(submissions: &Receiver<Vec<Submitted>>, arrived: &mut Vec<Submitted>, enough: usize) {
+    let deadline = Instant::now() + GATHER;
+    while arrived.len() < enough {
+        match submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(batch) => arrived.extend(batch),
+            Err(_) => break,
         }
     }
 }
