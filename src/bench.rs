@@ -83,7 +83,6 @@ pub async fn bench_rollouts(
         let clock = Instant::now();
         (results, busy) = run.run_timed(&episodes).await?;
         loops.push(clock.elapsed().as_secs_f64());
-        drop(run);
         drop(setup);
         // The same tokens without the loop: each trajectory's turns as plain generation
         // requests (its recorded context, its turn seed, as many tokens as the turn had), all
@@ -208,7 +207,7 @@ pub async fn bench_rollouts(
 }
 
 /// Replays `trajectory`'s turns as plain generation requests: each turn's recorded context,
-/// its seed, as many tokens as it generated (the same tokens, by reproducibility). False when
+/// its seed, as many tokens as it generated, and checks they are the same tokens. False when
 /// the trajectory's token ids are not exact.
 async fn replay(
     policy: &dyn sesa_stages::policy::Policy,
@@ -234,7 +233,13 @@ async fn replay(
             json_schema: None,
             ignore_eos: false,
         };
-        policy.generate(&[request]).await?;
+        let generation = policy.generate(&[request]).await?.remove(0);
+        let recorded = &trajectory.token_ids[start..start + record.tokens];
+        anyhow::ensure!(
+            generation.token_ids.as_deref() == Some(recorded),
+            "the replay of turn {turn} diverged from the loop's tokens: the same seed and context \
+             should give the same tokens"
+        );
     }
     Ok(true)
 }

@@ -32,7 +32,7 @@ impl PackedWeight {
         assert_eq!(weight.len(), inputs * outputs, "PackedWeight: {} values for {outputs}×{inputs}", weight.len());
         let count = outputs.div_ceil(LANES);
         let mut panels = vec![0.0f32; count * inputs * LANES];
-        for (p, panel) in panels.chunks_exact_mut(inputs * LANES).enumerate() {
+        for (p, panel) in panels.chunks_exact_mut((inputs * LANES).max(1)).enumerate() {
             for lane in 0..LANES.min(outputs - p * LANES) {
                 let row = &weight[(p * LANES + lane) * inputs..][..inputs];
                 for (k, &w) in row.iter().enumerate() {
@@ -47,8 +47,9 @@ impl PackedWeight {
     /// overwriting it. Panels are split over up to `threads` threads.
     ///
     /// Every output element is one chain of fused multiply-adds over `k = 0, 1, …, inputs-1`
-    /// from zero, whatever the tile, the number of rows or threads: the result is row-invariant
-    /// and the same on every machine with IEEE fused multiply-add.
+    /// from zero (then added to `out` when accumulating), whatever the tile, the number of rows
+    /// or threads: the result is row-invariant, and the same on every machine (fused
+    /// multiply-add rounds once, in hardware or not).
     pub(crate) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
         let (inputs, outputs) = (self.inputs, self.outputs);
         assert!(

@@ -162,9 +162,7 @@ impl Run {
         if let Some(commit) = &last_commit {
             publish(&store, commit).await?;
         }
-        for key in store.list(layout::STAGING).await? {
-            store.delete(&key).await?;
-        }
+        store.delete_all(layout::STAGING).await?;
         manifest.committed_steps = committed.len() as u64;
         manifest.pid = Some(std::process::id());
         let resources = Arc::new(pipeline.spec().sections.clone());

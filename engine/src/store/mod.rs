@@ -43,6 +43,8 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct ArtifactStore {
     inner: Arc<dyn ObjectStore>,
+    /// The same store when it is a local directory, for what only the file system shows.
+    local: Option<Arc<LocalFileSystem>>,
     root: ObjectPath,
     /// How a person writes the root: `runs`, `/data/runs`, `s3://bucket/prefix`.
     display: String,
@@ -68,7 +70,7 @@ impl ArtifactStore {
             }
             let s3 =
                 AmazonS3Builder::from_env().with_bucket_name(bucket).build().map_err(|e| open_error(e.to_string()))?;
-            return Ok(ArtifactStore { inner: Arc::new(s3), root: ObjectPath::from(prefix), display });
+            return Ok(ArtifactStore { inner: Arc::new(s3), local: None, root: ObjectPath::from(prefix), display });
         }
         if location == "memory://" {
             return Ok(ArtifactStore::in_memory());
@@ -79,21 +81,29 @@ impl ArtifactStore {
         let directory = location.strip_prefix("file://").unwrap_or(location);
         let directory = if directory.is_empty() { "." } else { directory };
         std::fs::create_dir_all(directory).map_err(|e| open_error(e.to_string()))?;
-        let local = LocalFileSystem::new_with_prefix(directory)
-            .map_err(|e| open_error(e.to_string()))?
-            .with_automatic_cleanup(true);
-        Ok(ArtifactStore { inner: Arc::new(local), root: ObjectPath::default(), display })
+        let local = Arc::new(
+            LocalFileSystem::new_with_prefix(directory)
+                .map_err(|e| open_error(e.to_string()))?
+                .with_automatic_cleanup(true),
+        );
+        Ok(ArtifactStore { inner: local.clone(), local: Some(local), root: ObjectPath::default(), display })
     }
 
     /// A store that lives in memory: for tests.
     pub fn in_memory() -> ArtifactStore {
-        ArtifactStore { inner: Arc::new(InMemory::new()), root: ObjectPath::default(), display: "memory://".into() }
+        ArtifactStore {
+            inner: Arc::new(InMemory::new()),
+            local: None,
+            root: ObjectPath::default(),
+            display: "memory://".into(),
+        }
     }
 
     /// The same store rooted at `prefix` below this root.
     pub fn scoped(&self, prefix: &str) -> ArtifactStore {
         ArtifactStore {
             inner: self.inner.clone(),
+            local: self.local.clone(),
             root: self.path(prefix),
             display: format!("{}/{}", self.display, prefix.trim_matches('/')),
         }
@@ -179,6 +189,24 @@ impl ArtifactStore {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(source) => Err(self.error("delete", key)(source)),
         }
+    }
+
+    /// Deletes every object directly or deeply under `prefix`, and in a local directory also
+    /// the partial files of writes a crash interrupted: a local `put` writes `name#n` and
+    /// renames it, and `list` never shows such files.
+    pub async fn delete_all(&self, prefix: &str) -> Result<(), StoreError> {
+        for key in self.list(prefix).await? {
+            self.delete(&key).await?;
+        }
+        let Some(local) = &self.local else { return Ok(()) };
+        let directory = local.path_to_filesystem(&self.path(prefix)).map_err(self.error("clean", prefix))?;
+        let Ok(entries) = std::fs::read_dir(&directory) else { return Ok(()) };
+        for entry in entries.flatten().filter(|e| e.file_name().to_string_lossy().contains('#')) {
+            if let Err(error) = std::fs::remove_file(entry.path()) {
+                tracing::warn!(file = %entry.path().display(), %error, "cannot remove an interrupted write");
+            }
+        }
+        Ok(())
     }
 }
 

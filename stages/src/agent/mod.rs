@@ -141,6 +141,9 @@ pub enum AgentError {
     /// The search backend failed.
     #[error(transparent)]
     Search(#[from] SearchError),
+    /// A backend answered something other than what was asked (fewer answers than requests).
+    #[error("{0}")]
+    Contract(String),
 }
 
 /// What the loop needs besides the episodes.
@@ -190,12 +193,17 @@ impl BusyClock {
         BusyClock(Mutex::new((0, 0, Instant::now(), BusyTime::default())))
     }
 
-    /// Awaits `call`, counting it as `what` in flight.
+    /// Awaits `call`, counting it as `what` in flight (until it ends or is dropped).
     async fn time<T>(&self, what: Waiting, call: impl Future<Output = T>) -> T {
+        struct InFlight<'a>(&'a BusyClock, Waiting);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.change(self.1, false);
+            }
+        }
         self.change(what, true);
-        let result = call.await;
-        self.change(what, false);
-        result
+        let _in_flight = InFlight(self, what);
+        call.await
     }
 
     fn change(&self, what: Waiting, starts: bool) {
@@ -253,9 +261,8 @@ impl AgentRun<'_> {
             let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));
             let clock = Instant::now();
             let generation = busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
-            let generation = generation.into_iter().next().ok_or_else(|| PolicyError::Backend {
-                name: self.policy.name().into(),
-                message: "no generation for a request".into(),
+            let generation = generation.into_iter().next().ok_or_else(|| {
+                AgentError::Contract(format!("policy `{}` answered no generation for a request", self.policy.name()))
             })?;
             let generation_ms = clock.elapsed().as_millis() as u64;
             let tokens =
@@ -292,7 +299,9 @@ impl AgentRun<'_> {
             };
             let clock = Instant::now();
             let hits = busy.time(Waiting::Search, self.search.search(std::slice::from_ref(&query), self.top_k)).await?;
-            let hits = hits.into_iter().next().unwrap_or_default();
+            let hits = hits.into_iter().next().ok_or_else(|| {
+                AgentError::Contract("the search backend answered no list of hits for a query".into())
+            })?;
             let search_ms = clock.elapsed().as_millis() as u64;
             let block = information_block(&format_results(std::slice::from_ref(&hits)));
             let block_ids = if trajectory.tokens_exact { self.policy.tokenize(&block).await? } else { None };

@@ -150,7 +150,7 @@ impl Policy for CandlePolicy {
         &'a self,
         requests: &'a [GenerationRequest],
     ) -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>> {
-        // One message for the whole call, so its requests (twins, often) start in one step.
+        // One message for the whole call, so its requests start in one step (and twins share it).
         let (submitted, replies): (Vec<Submitted>, Vec<_>) = requests
             .iter()
             .map(|request| {

@@ -7,7 +7,7 @@
 //! rows reuses each weight for every row.
 //!
 //! Every operation is row-local and sums in a fixed order: norms, RoPE and attention are
-//! written here row by row, and sgemm's sums do not depend on the number of rows. A token's
+//! written here row by row, and the matrix kernel's sums do not depend on the number of rows. A token's
 //! keys, values and logits are therefore bit-identical however the tokens before it were
 //! chunked or batched with other sequences. That is what makes a KV cache reusable without
 //! breaking "same seed, same trajectory", and what lets decoding put all live sequences

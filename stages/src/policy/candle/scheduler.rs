@@ -98,6 +98,8 @@ struct Sequence {
     finish: Option<FinishReason>,
     /// The request's JSON Schema as a grammar, tracking what has been sampled.
     constraint: Option<Matcher>,
+    /// Why this request failed (its own problem: the others go on).
+    failure: Option<String>,
     /// An earlier sequence of this step with the same context and cache (the rollouts of one
     /// question): this one copies its cache and logits after the step instead of being fed.
     twin_of: Option<usize>,
@@ -119,7 +121,8 @@ impl Sequence {
 /// dropped) and nothing is running.
 pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sessions: Sessions) {
     let mut running: Vec<Sequence> = Vec::new();
-    // Requests answered by the last step, whose callers may come back at once.
+    // Requests the last step stopped at a stop string: their callers usually come right back
+    // (an agent searches, then continues).
     let mut answered = 0;
     loop {
         let mut arrived = Vec::new();
@@ -141,18 +144,31 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
         if running.is_empty() {
             continue;
         }
-        if let Err(message) = inner.step(&mut running) {
+        // A failing forward pass, or a bug that panics, fails the requests of this step; the
+        // scheduler lives on for the next calls.
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.step(&mut running)))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned());
+                Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
+            });
+        if let Err(message) = stepped {
             for sequence in running.drain(..) {
                 let _ = sequence.reply.send(Err(inner.error(&message)));
             }
             continue;
         }
         let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
-            running.into_iter().partition(|sequence| sequence.finish.is_some());
+            running.into_iter().partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
         running = rest;
-        answered = done.len();
+        answered = done.iter().filter(|sequence| sequence.finish == Some(FinishReason::Stop)).count();
         for sequence in done {
-            let result = inner.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, &mut sessions);
+            let result = match sequence.failure {
+                Some(message) => Err(inner.error(message)),
+                None => inner.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, &mut sessions),
+            };
             let _ = sequence.reply.send(result);
         }
     }
@@ -217,6 +233,7 @@ impl Inner {
             limit,
             finish: None,
             constraint,
+            failure: None,
             twin_of,
         });
     }
@@ -246,7 +263,8 @@ impl Inner {
         Ok(Matcher::new(Ok(parser)))
     }
 
-    /// One forward step of every running sequence, then one sampled token each.
+    /// One forward step of every running sequence, then one sampled token each. A sequence's
+    /// own problem (its grammar) is recorded in its `failure`; an error here fails the step.
     fn step(&self, running: &mut [Sequence]) -> Result<(), String> {
         let mut chunks: Vec<Chunk<'_>> = running
             .iter_mut()
@@ -265,42 +283,62 @@ impl Inner {
                 None => next.push(logits.next().expect("one row of logits per fed sequence")),
             }
         }
-        running.par_iter_mut().zip(next).try_for_each(|(sequence, mut logits)| {
-            let request = &sequence.request;
-            match &mut sequence.constraint {
-                // The grammar alone says when the text may end.
-                Some(grammar) => {
-                    let allowed = grammar.compute_mask_or_eos().map_err(|e| e.to_string())?;
-                    for (id, logit) in logits.iter_mut().enumerate() {
-                        if id >= allowed.len() || !allowed.is_allowed(id as u32) {
-                            *logit = f32::NEG_INFINITY;
-                        }
+        running.par_iter_mut().zip(next).for_each(|(sequence, logits)| {
+            if let Err(message) = self.pick(sequence, logits) {
+                sequence.failure = Some(message);
+            }
+        });
+        Ok(())
+    }
+
+    /// Samples the next token of `sequence` from `logits`, under its grammar if it has one.
+    fn pick(&self, sequence: &mut Sequence, mut logits: Vec<f32>) -> Result<(), String> {
+        let request = &sequence.request;
+        match &mut sequence.constraint {
+            // The grammar alone says when the text may end.
+            Some(grammar) => {
+                let allowed = grammar.compute_mask_or_eos().map_err(|e| e.to_string())?;
+                let mut any = false;
+                for (id, logit) in logits.iter_mut().enumerate() {
+                    if id < allowed.len() && allowed.is_allowed(id as u32) {
+                        any = true;
+                    } else {
+                        *logit = f32::NEG_INFINITY;
                     }
                 }
-                None if request.ignore_eos => self.stops.iter().for_each(|&id| logits[id as usize] = f32::NEG_INFINITY),
-                None => {}
-            }
-            let (id, logprob) = sample(&logits, request.sampling, &mut sequence.rng);
-            sequence.picks.push((id, logprob));
-            sequence.pending = vec![id];
-            let grammar_done = match &mut sequence.constraint {
-                Some(grammar) if !self.stops.contains(&id) => {
-                    grammar.consume_token(id).map_err(|e| e.to_string())?;
-                    grammar.is_stopped()
+                if !any {
+                    return Err("the JSON Schema allows no token of this vocabulary here".into());
                 }
-                _ => false,
-            };
-            sequence.finish = if self.stops.contains(&id) || grammar_done {
-                Some(FinishReason::Eos)
-            } else if self.ends_with_stop(&sequence.picks, &request.stop).map_err(|e| e.to_string())? {
-                Some(FinishReason::Stop)
-            } else if sequence.picks.len() >= sequence.limit {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            Ok(())
-        })
+            }
+            None if request.ignore_eos => {
+                for &id in &self.stops {
+                    if let Some(logit) = logits.get_mut(id as usize) {
+                        *logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            None => {}
+        }
+        let (id, logprob) = sample(&logits, request.sampling, &mut sequence.rng);
+        sequence.picks.push((id, logprob));
+        sequence.pending = vec![id];
+        let grammar_done = match &mut sequence.constraint {
+            Some(grammar) if !self.stops.contains(&id) => {
+                grammar.consume_token(id).map_err(|e| e.to_string())?;
+                grammar.is_stopped()
+            }
+            _ => false,
+        };
+        sequence.finish = if self.stops.contains(&id) || grammar_done {
+            Some(FinishReason::Eos)
+        } else if self.ends_with_stop(&sequence.picks, &request.stop).map_err(|e| e.to_string())? {
+            Some(FinishReason::Stop)
+        } else if sequence.picks.len() >= sequence.limit {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        Ok(())
     }
 
     /// The generation of a finished sequence; its cache is kept for later turns.
