@@ -26,6 +26,9 @@ pub struct RetrieverConfig {
     /// The first pause between retries, in milliseconds; it doubles after each retry.
     #[serde(default = "default_backoff")]
     pub backoff_ms: u64,
+    /// Requests in flight at once (the episodes of an agent loop each search on their own).
+    #[serde(default = "default_concurrency")]
+    pub max_concurrency: usize,
 }
 
 fn default_timeout() -> f64 {
@@ -37,6 +40,9 @@ fn default_retries() -> u32 {
 fn default_backoff() -> u64 {
     500
 }
+fn default_concurrency() -> usize {
+    16
+}
 
 impl RetrieverConfig {
     /// A config for `url` with the default timeout and retries.
@@ -46,6 +52,7 @@ impl RetrieverConfig {
             timeout_secs: default_timeout(),
             retries: default_retries(),
             backoff_ms: default_backoff(),
+            max_concurrency: default_concurrency(),
         }
     }
 }
@@ -68,11 +75,12 @@ struct ScoredDocument {
     score: f32,
 }
 
-/// A retriever server client. Cheap to clone.
+/// A retriever server client. Cheap to clone (clones share the bound on requests in flight).
 #[derive(Debug, Clone)]
 pub struct RetrieverClient {
     client: reqwest::Client,
     config: RetrieverConfig,
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl RetrieverClient {
@@ -82,7 +90,8 @@ impl RetrieverClient {
             .timeout(Duration::from_secs_f64(config.timeout_secs.max(0.001)))
             .build()
             .map_err(|e| SearchError::Retriever { url: config.url.clone(), message: e.to_string() })?;
-        Ok(RetrieverClient { client, config })
+        let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.max(1)));
+        Ok(RetrieverClient { client, config, in_flight })
     }
 
     async fn attempt(&self, queries: &[String], k: usize) -> Result<Vec<Vec<Hit>>, Attempt> {
@@ -129,6 +138,11 @@ impl Search for RetrieverClient {
             if queries.is_empty() {
                 return Ok(Vec::new());
             }
+            let _permit = self
+                .in_flight
+                .acquire()
+                .await
+                .map_err(|e| SearchError::Retriever { url: self.config.url.clone(), message: e.to_string() })?;
             let pause = Duration::from_millis(self.config.backoff_ms);
             with_retries(self.config.retries, pause, &self.config.url, || self.attempt(queries, k))
                 .await
