@@ -110,16 +110,7 @@ pub async fn bench_rollouts(
         results.iter().flat_map(|t| &t.turns).filter(|t| t.query.is_some()).map(|t| t.search_ms).collect();
 
     let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64, ignore_eos: bool| {
-        GenerationRequest {
-            context,
-            context_ids,
-            max_tokens,
-            stop: Vec::new(),
-            sampling,
-            seed,
-            json_schema: None,
-            ignore_eos,
-        }
+        GenerationRequest { ignore_eos, ..plain_request(context, context_ids, max_tokens, sampling, seed) }
     };
     // Raw generation of the same number of tokens per trajectory from the same prompts (no
     // tool results), on a freshly loaded policy, as llama-batched-bench runs it: the prompt
@@ -206,6 +197,26 @@ pub async fn bench_rollouts(
     Ok(0)
 }
 
+/// A request with no stop strings and no schema: the benchmark decides how many tokens.
+fn plain_request(
+    context: String,
+    context_ids: Option<Vec<u32>>,
+    max_tokens: usize,
+    sampling: sesa_stages::policy::Sampling,
+    seed: u64,
+) -> sesa_stages::policy::GenerationRequest {
+    sesa_stages::policy::GenerationRequest {
+        context,
+        context_ids,
+        max_tokens,
+        stop: Vec::new(),
+        sampling,
+        seed,
+        json_schema: None,
+        ignore_eos: false,
+    }
+}
+
 /// Replays `trajectory`'s turns as plain generation requests: each turn's recorded context,
 /// its seed, as many tokens as it generated, and checks they are the same tokens. False when
 /// the trajectory's token ids are not exact.
@@ -223,16 +234,13 @@ async fn replay(
     let starts = (0..mask.len()).filter(|&i| mask[i] == 1 && (i == 0 || mask[i - 1] == 0));
     for ((turn, start), record) in starts.enumerate().zip(&trajectory.turns) {
         let context: Vec<u32> = prompt.iter().chain(&trajectory.token_ids[..start]).copied().collect();
-        let request = sesa_stages::policy::GenerationRequest {
-            context: String::new(),
-            context_ids: Some(context),
-            max_tokens: record.tokens,
-            stop: Vec::new(),
+        let request = plain_request(
+            String::new(),
+            Some(context),
+            record.tokens,
             sampling,
-            seed: sesa_stages::agent::turn_seed(seed, turn),
-            json_schema: None,
-            ignore_eos: false,
-        };
+            sesa_stages::agent::turn_seed(seed, turn),
+        );
         let generation = policy.generate(&[request]).await?.remove(0);
         let recorded = &trajectory.token_ids[start..start + record.tokens];
         anyhow::ensure!(

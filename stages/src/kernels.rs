@@ -262,6 +262,8 @@ pub(crate) fn attend(
     scores.iter_mut().for_each(|score| *score /= total);
     // Block by block of output columns, the block's sums held in registers over all keys (a
     // whole row of sums would go through memory at every key). Each sum adds the keys in order.
+    // Full blocks go through a fixed-size array, which is what lets the compiler keep them in
+    // registers; the two loops compute the same thing.
     const BLOCK: usize = 32;
     for (b, out) in out.chunks_mut(BLOCK).enumerate() {
         let start = offset + b * BLOCK;

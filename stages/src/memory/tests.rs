@@ -243,14 +243,7 @@ fn snapshots_read_back_into_the_same_skills() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_model_distils_failures_into_well_formed_skills() {
     let mistralrs = crate::policy::testing::smollm2(1).await;
-    let home = crate::models::sesa_home();
-    let directory = tokio::task::spawn_blocking(move || crate::models::fetch(&home, "smollm2-135m-instruct"))
-        .await
-        .unwrap()
-        .unwrap();
-    let config = crate::policy::CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
-    let candle =
-        crate::policy::CandlePolicy::load(&directory.join("SmolLM2-135M-Instruct.Q4_1.gguf"), &config).unwrap();
+    let candle = tokio::task::spawn_blocking(crate::policy::testing::smollm2_candle).await.unwrap();
     for policy in [&mistralrs as &dyn crate::policy::Policy, &candle] {
         distils_one_well_formed_skill(policy).await;
     }

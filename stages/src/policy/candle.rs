@@ -21,8 +21,8 @@ mod tokenizer;
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
 use llguidance::ParserFactory;
@@ -58,8 +58,9 @@ struct Inner {
     /// Token ids that end a turn.
     stops: Vec<u32>,
     /// The grammar engine over this vocabulary, or why it could not be built (then requests with
-    /// a JSON Schema are refused with that reason).
-    grammars: Result<ParserFactory, String>,
+    /// a JSON Schema are refused with that reason). Built on the first such request: most
+    /// policies never need it.
+    grammars: OnceLock<Result<ParserFactory, String>>,
 }
 
 /// The batched candle backend behind the [`Policy`] trait.
@@ -87,8 +88,7 @@ impl CandlePolicy {
         let model = LlamaModel::load(&content, &mut file).map_err(|e| error(format!("{}: {e}", path.display())))?;
         let (tokenizer, stops) =
             tokenizer::from_gguf(&content).map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let grammars = grammar_engine(&tokenizer, &stops, model.vocabulary());
-        let inner = Arc::new(Inner { name: name.clone(), model, tokenizer, stops, grammars });
+        let inner = Arc::new(Inner { name: name.clone(), model, tokenizer, stops, grammars: OnceLock::new() });
         let (submit, submissions) = channel();
         let (scheduled, sessions) = (inner.clone(), Sessions::new(config.cache_tokens));
         std::thread::Builder::new()

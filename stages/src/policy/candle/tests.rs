@@ -1,27 +1,16 @@
 //! Tests with the real SmolLM2-135M GGUF (fetched into the model cache on first use).
 
-use std::path::PathBuf;
-
 use super::llama::{Chunk, KvCache};
 use super::*;
-use crate::models;
+use crate::policy::testing::{smollm2_candle, smollm2_gguf};
 use crate::policy::{FinishReason, Sampling};
 
-fn gguf() -> PathBuf {
-    models::fetch(&models::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
 fn load_model() -> (LlamaModel, Tokenizer) {
-    let path = gguf();
+    let path = smollm2_gguf();
     let mut file = File::open(&path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     let model = LlamaModel::load(&content, &mut file).unwrap();
     (model, tokenizer::from_gguf(&content).unwrap().0)
-}
-
-fn policy() -> CandlePolicy {
-    let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
-    CandlePolicy::load(&gguf(), &config).unwrap()
 }
 
 const PROMPT: &str = "<|im_start|>user\nWho wrote the novel Dracula, and when?<|im_end|>\n<|im_start|>assistant\n";
@@ -76,7 +65,7 @@ fn the_forward_pass_agrees_with_candle_quantized_llama() {
     let prompt = ids(&tokenizer, PROMPT);
     let ours = feed(&model, &mut KvCache::default(), &prompt);
 
-    let path = gguf();
+    let path = smollm2_gguf();
     let mut file = File::open(&path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     let mut reference = ModelWeights::from_gguf(content, &mut file, &candle_core::Device::Cpu).unwrap();
@@ -100,7 +89,7 @@ fn the_forward_pass_agrees_with_candle_quantized_llama() {
 /// Both in-process backends must cut text into the same ids (trajectories record them).
 #[tokio::test]
 async fn the_tokenizer_matches_mistralrs() {
-    let candle = policy();
+    let candle = smollm2_candle();
     let mistralrs = crate::policy::testing::smollm2(1).await;
     for text in [
         PROMPT,
@@ -130,7 +119,7 @@ fn request(context: &str, seed: u64, stop: &[&str]) -> GenerationRequest {
 
 #[tokio::test]
 async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
-    let policy = policy();
+    let policy = smollm2_candle();
     let single = policy.generate(&[request(PROMPT, 11, &[])]).await.unwrap().remove(0);
     // Now the prompt is cached and the request shares the batch with others (the two prompt
     // requests are twins: the second copies the first's cache and first logits).
@@ -153,11 +142,11 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
         single.text
     );
     let cached = policy.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0);
-    let fresh = self::policy();
+    let fresh = smollm2_candle();
     assert_eq!(fresh.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0), cached);
 
     // Twins on an empty cache: the prompt is read once, and each still samples its own way.
-    let fresh = self::policy();
+    let fresh = smollm2_candle();
     let twins = fresh.generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[])]).await.unwrap();
     assert_eq!(twins[1], single);
     assert_eq!(twins[0], batch[0]);
@@ -169,14 +158,14 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
 async fn concurrent_calls_give_what_each_gives_alone() {
     let other = "<|im_start|>user\nName a river in Spain.<|im_end|>\n<|im_start|>assistant\n";
     let requests = [request(PROMPT, 11, &[]), request(other, 3, &[]), request(PROMPT, 12, &["."])];
-    let policy = policy();
+    let policy = smollm2_candle();
     let first = policy.generate(&requests[..1]);
     // The first is decoding when the others arrive; the third shares its running prompt.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let (first, second, third) = tokio::join!(first, policy.generate(&requests[1..2]), policy.generate(&requests[2..]));
     let together = [first.unwrap(), second.unwrap(), third.unwrap()].concat();
 
-    let alone = self::policy();
+    let alone = smollm2_candle();
     for (request, together) in requests.iter().zip(&together) {
         assert_eq!(&alone.generate(std::slice::from_ref(request)).await.unwrap()[0], together);
     }
@@ -186,7 +175,7 @@ async fn concurrent_calls_give_what_each_gives_alone() {
 
 #[tokio::test]
 async fn generation_stops_right_after_a_stop_string() {
-    let policy = policy();
+    let policy = smollm2_candle();
     let context =
         "<|im_start|>user\nCount from 1 to 20, separated by commas.<|im_end|>\n<|im_start|>assistant\n1, 2, 3,";
     let generation = policy.generate(&[request(context, 1, &[" 6"])]).await.unwrap().remove(0);
@@ -196,7 +185,7 @@ async fn generation_stops_right_after_a_stop_string() {
 
 #[tokio::test]
 async fn a_json_schema_constrains_the_text_to_valid_json() {
-    let policy = policy();
+    let policy = smollm2_candle();
     let context = "<|im_start|>user\nWho wrote Dracula, and in which year? Answer in JSON.<|im_end|>\n\
                    <|im_start|>assistant\n";
     let mut constrained = request(context, 3, &[]);
