@@ -78,7 +78,7 @@ impl std::fmt::Debug for CandlePolicy {
 
 impl CandlePolicy {
     /// Loads the GGUF file at `path` (blocking: a second or two for SmolLM2-135M, which takes
-    /// 540 MB as F32) and starts its scheduler thread.
+    /// 650 MB as F32, its tied embedding kept twice) and starts its scheduler thread.
     pub fn load(path: &Path, config: &CandleConfig) -> Result<CandlePolicy, PolicyError> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
         let error = |message: String| PolicyError::Backend { name: name.clone(), message };

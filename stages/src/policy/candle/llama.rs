@@ -50,7 +50,8 @@ pub(crate) struct LlamaModel {
     pub(crate) shape: LlamaShape,
     embedding: Vec<f32>,
     output_norm: Vec<f32>,
-    /// The output projection to the vocabulary (the embedding's copy when they are tied).
+    /// The output projection to the vocabulary (a packed copy of the embedding when they are
+    /// tied: lookups need rows, the projection needs panels).
     output: PackedWeight,
     threads: usize,
     blocks: Vec<Block>,
