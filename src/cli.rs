@@ -134,6 +134,25 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+    /// Measure training: forward, backward and AdamW step on one sequence (tokens/s, loss,
+    /// peak memory); `benches/train.sh` runs the same computation in PyTorch beside it.
+    BenchTrain {
+        /// The model: a GGUF file, a Hugging Face directory or a known model's name.
+        #[arg(long, default_value = "smollm2-135m-instruct")]
+        model: String,
+        /// Tokens of the sequence (loss on every position after the first).
+        #[arg(long, default_value_t = 512)]
+        tokens: usize,
+        /// `full`, or `lora` (rank 16, alpha 32, all seven projections).
+        #[arg(long, default_value = "full")]
+        method: String,
+        /// Optimizer steps to time (the first one is reported apart: it warms the allocator).
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Score only this fraction of positions (the last ones), as a loss mask does.
+        #[arg(long, default_value_t = 1.0)]
+        scored: f64,
+    },
     /// Run one agent episode with a spec's model, search and prompts, and print it.
     Ask {
         /// The question (solver), or the target answer (proposer).
@@ -170,6 +189,18 @@ enum ModelCommand {
     },
     /// List the known models and whether they are fetched.
     List,
+    /// Write a run's trained policy as a Hugging Face directory (config.json,
+    /// model.safetensors, tokenizer.json) that transformers, vLLM and the `candle` backend load.
+    Export {
+        /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
+        run: String,
+        /// The policy version (default: the last; see the run's `policy_versions` table).
+        #[arg(long)]
+        version: Option<u64>,
+        /// The directory to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -433,6 +464,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             crate::bench::bench_rollouts(&spec, &questions, trajectories, repeats, registry).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
+        Command::BenchTrain { model, tokens, method, steps, scored } => {
+            crate::bench::bench_train(&model, tokens, &method, steps, scored).await
+        }
         Command::Ask { text, spec, overrides, role, hops, seed } => {
             let role = match role {
                 AskRole::Solver => Role::Solver,
@@ -450,6 +484,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             let directory = tokio::task::spawn_blocking(move || models::fetch(&home, &name)).await??;
             println!("{}", directory.display());
             Ok(0)
+        }
+        Command::Model { command: ModelCommand::Export { run, version, out } } => {
+            crate::export::export(&run, version, &out, registry).await
         }
         Command::Model { command: ModelCommand::List } => {
             let home = models::sesa_home();

@@ -7,6 +7,7 @@
 mod ask;
 mod bench;
 mod cli;
+mod export;
 mod logging;
 mod skills;
 

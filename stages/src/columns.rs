@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BooleanBuilder, ListBuilder, PrimitiveBuilder, StringBuilder};
 use arrow_array::types::{ArrowPrimitiveType, Float32Type, UInt32Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Float64Array, LargeBinaryArray, ListArray, PrimitiveArray, RecordBatch, StringArray,
+    UInt64Array,
+};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use sesa_engine::StageError;
 
@@ -90,6 +93,12 @@ impl Columns {
         self.push(name, Arc::new(builder.finish()), false)
     }
 
+    /// Raw bytes (large values: a checkpoint's tensors).
+    pub fn bytes<'a>(self, name: &str, values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let array: LargeBinaryArray = values.into_iter().map(Some).collect();
+        self.push(name, Arc::new(array), false)
+    }
+
     /// The batch.
     pub fn finish(self) -> Result<RecordBatch, ArrowError> {
         RecordBatch::try_new(Arc::new(Schema::new(self.fields)), self.arrays)
@@ -147,6 +156,29 @@ impl<'a> Reader<'a> {
     /// A text column that may hold absent values.
     pub fn opt_str(&self, name: &str) -> Result<Vec<Option<&'a str>>, StageError> {
         Ok(self.column::<StringArray>(name)?.iter().collect())
+    }
+
+    /// A list-of-token-ids column.
+    pub fn u32s(&self, name: &str) -> Result<Vec<Vec<u32>>, StageError> {
+        self.lists::<UInt32Type>(name)
+    }
+
+    fn lists<T: ArrowPrimitiveType>(&self, name: &str) -> Result<Vec<Vec<T::Native>>, StageError> {
+        let lists = self.column::<ListArray>(name)?;
+        (0..lists.len())
+            .map(|row| {
+                let values = lists.value(row);
+                let values = values.as_any().downcast_ref::<PrimitiveArray<T>>().ok_or_else(|| {
+                    StageError::Failed(format!("table `{}`: column `{name}` is a list of another type", self.table))
+                })?;
+                Ok(values.values().to_vec())
+            })
+            .collect()
+    }
+
+    /// A raw-bytes column.
+    pub fn bytes(&self, name: &str) -> Result<Vec<&'a [u8]>, StageError> {
+        Ok(self.column::<LargeBinaryArray>(name)?.iter().map(|v| v.unwrap_or_default()).collect())
     }
 
     /// A list-of-text column.

@@ -10,6 +10,9 @@
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //! - `selfplay`: the loop's stage kinds and the resources they share.
+//! - `train`: the trainer (a differentiable llama, AdamW, the optimizer step).
+//! - `weights`: a llama's F32 weights, read from GGUF or Hugging Face safetensors, written as
+//!   the latter.
 
 pub mod agent;
 mod columns;
@@ -22,6 +25,8 @@ mod retry;
 pub mod search;
 pub mod sections;
 pub mod selfplay;
+pub mod train;
+pub mod weights;
 
 use sesa_engine::Registry;
 
@@ -36,12 +41,15 @@ pub fn registry() -> Registry {
         .section::<memory::MemorySection>()
         .section::<sections::JudgeSection>()
         .section::<sections::WorldSection>()
+        .section::<selfplay::TrainerSection>()
         .stage::<selfplay::Priming>()
         .stage::<selfplay::Propose>()
         .stage::<selfplay::Verify>()
         .stage::<selfplay::Solve>()
         .stage::<selfplay::Reward>()
         .stage::<selfplay::Collect>()
-        .stage::<selfplay::Consolidate>();
+        .stage::<selfplay::Consolidate>()
+        .stage::<selfplay::Warmup>()
+        .stage::<selfplay::Evaluate>();
     registry
 }

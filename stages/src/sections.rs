@@ -82,7 +82,7 @@ impl ModelSection {
                 Ok(Arc::new(MistralRsPolicy::load(&file, config.instances).await?))
             }
             ModelSection::Candle(config) => {
-                let file = local_gguf(&config.model).await?;
+                let file = local_model(&config.model).await?;
                 let config = config.clone();
                 tokio::task::spawn_blocking(move || CandlePolicy::load(&file, &config))
                     .await
@@ -92,6 +92,15 @@ impl ModelSection {
             ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone())?)),
         }
     }
+}
+
+/// A Hugging Face directory named in a spec, or else the GGUF file of the local model.
+pub async fn local_model(model: &str) -> Result<PathBuf, PolicyError> {
+    let path = Path::new(model);
+    if path.is_dir() && path.join("config.json").exists() {
+        return Ok(path.to_path_buf());
+    }
+    local_gguf(model).await
 }
 
 /// The GGUF file of a local model named in a spec, fetched into the model cache if needed.

@@ -112,6 +112,10 @@ pub struct Trajectory {
     pub tokens_exact: bool,
     /// Tokens of the prompt, when known.
     pub prompt_tokens: Option<usize>,
+    /// Token ids of the prompt (empty when the policy gives no ids).
+    pub prompt_ids: Vec<u32>,
+    /// The version of the policy's weights that generated it.
+    pub policy_version: u64,
 }
 
 impl Trajectory {
@@ -256,6 +260,8 @@ impl AgentRun<'_> {
             logprobs: Vec::new(),
             tokens_exact: prompt_ids.is_some(),
             prompt_tokens: prompt_ids.as_ref().map(Vec::len),
+            prompt_ids: prompt_ids.clone().unwrap_or_default(),
+            policy_version: self.policy.version(),
         };
         for turn in 0..self.limits.max_turns {
             let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));

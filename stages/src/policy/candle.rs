@@ -22,6 +22,7 @@ mod tokenizer;
 use std::fs::File;
 use std::path::Path;
 use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
@@ -31,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use self::llama::LlamaModel;
-use self::scheduler::{Sessions, Submitted};
+use crate::weights::{LlamaShape, LlamaWeights};
+use self::scheduler::{Message, Sessions, Submitted};
 use super::{ChatMessage, ChatTemplate, Generation, GenerationRequest, Policy, PolicyError};
 
 /// A local llama-family GGUF model served by sesa's batched forward pass.
@@ -53,7 +55,12 @@ fn default_cache_tokens() -> usize {
 /// What the scheduler thread and the callers share.
 struct Inner {
     name: String,
-    model: LlamaModel,
+    /// The shapes of the served weights (new weights must have the same).
+    shape: LlamaShape,
+    /// Logits per position.
+    vocabulary: usize,
+    /// The version of the weights served (0 as loaded).
+    version: AtomicU64,
     tokenizer: Tokenizer,
     /// Token ids that end a turn.
     stops: Vec<u32>,
@@ -67,7 +74,7 @@ struct Inner {
 pub struct CandlePolicy {
     inner: Arc<Inner>,
     /// To the scheduler thread, which stops when this is dropped.
-    submit: Sender<Vec<Submitted>>,
+    submit: Sender<Message>,
 }
 
 impl std::fmt::Debug for CandlePolicy {
@@ -77,23 +84,28 @@ impl std::fmt::Debug for CandlePolicy {
 }
 
 impl CandlePolicy {
-    /// Loads the GGUF file at `path` (blocking: a second or two for SmolLM2-135M, which takes
-    /// 650 MB as F32, its tied embedding kept twice) and starts its scheduler thread.
+    /// Loads the model at `path` (a GGUF file, or a Hugging Face directory such as `sesa model
+    /// export` writes; blocking: a second or two for SmolLM2-135M, which takes 650 MB as F32,
+    /// its tied embedding kept twice) and starts its scheduler thread.
     pub fn load(path: &Path, config: &CandleConfig) -> Result<CandlePolicy, PolicyError> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
         let error = |message: String| PolicyError::Backend { name: name.clone(), message };
-        let mut file = File::open(path).map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let content = candle_core::quantized::gguf_file::Content::read(&mut file)
-            .map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let model = LlamaModel::load(&content, &mut file).map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let (tokenizer, stops) =
-            tokenizer::from_gguf(&content).map_err(|e| error(format!("{}: {e}", path.display())))?;
-        let inner = Arc::new(Inner { name: name.clone(), model, tokenizer, stops, grammars: OnceLock::new() });
+        let ModelFiles { weights, tokenizer, stops, .. } = ModelFiles::read(path).map_err(error)?;
+        let model = LlamaModel::new(&weights);
+        let inner = Arc::new(Inner {
+            name: name.clone(),
+            vocabulary: model.vocabulary(),
+            shape: weights.shape,
+            version: AtomicU64::new(0),
+            tokenizer,
+            stops,
+            grammars: OnceLock::new(),
+        });
         let (submit, submissions) = channel();
         let (scheduled, sessions) = (inner.clone(), Sessions::new(config.cache_tokens));
         std::thread::Builder::new()
             .name(format!("sesa-candle-{name}"))
-            .spawn(move || scheduler::run(&scheduled, submissions, sessions))
+            .spawn(move || scheduler::run(&scheduled, model, submissions, sessions))
             .map_err(|e| error(format!("cannot start the scheduler thread: {e}")))?;
         Ok(CandlePolicy { inner, submit })
     }
@@ -101,6 +113,92 @@ impl CandlePolicy {
     /// The text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String, PolicyError> {
         self.inner.decode(ids)
+    }
+
+    /// The tokenizer (exported beside trained weights).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+}
+
+/// A llama-family model on disk, read whole: a GGUF file (weights dequantized, tokenizer
+/// rebuilt from its metadata) or a Hugging Face directory (`config.json`, `model.safetensors`,
+/// `tokenizer.json`).
+pub struct ModelFiles {
+    /// The weights as F32.
+    pub weights: LlamaWeights,
+    /// The tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Token ids that end a turn (the first is end-of-sequence).
+    pub stops: Vec<u32>,
+    /// The beginning-of-sequence id, when the model names one.
+    pub bos: Option<u32>,
+    /// The chat template (Jinja), when the model has one.
+    pub chat_template: Option<String>,
+}
+
+impl ModelFiles {
+    /// Reads the model at `path`; errors name the file.
+    pub fn read(path: &Path) -> Result<ModelFiles, String> {
+        if path.is_dir() && path.join("config.json").exists() {
+            return Self::read_hf(path);
+        }
+        let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let weights = LlamaWeights::from_gguf(&content, &mut file).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (tokenizer, stops) = tokenizer::from_gguf(&content).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bos = content.metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
+        let chat_template =
+            content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
+        Ok(ModelFiles { weights, tokenizer, stops, bos, chat_template })
+    }
+
+    fn read_hf(dir: &Path) -> Result<ModelFiles, String> {
+        let weights = LlamaWeights::load_hf(dir).map_err(|e| e.to_string())?;
+        let path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config: serde_json::Value = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        let ids = |value: &serde_json::Value| -> Vec<u32> {
+            match value {
+                serde_json::Value::Array(values) => values.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+                value => value.as_u64().map(|v| v as u32).into_iter().collect(),
+            }
+        };
+        let mut stops = ids(&config["eos_token_id"]);
+        stops.extend(tokenizer.token_to_id("<|endoftext|>"));
+        stops.dedup();
+        if stops.is_empty() {
+            return Err(format!("{}: `eos_token_id` is missing", dir.join("config.json").display()));
+        }
+        let chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .and_then(|c| c["chat_template"].as_str().map(str::to_string));
+        Ok(ModelFiles { weights, tokenizer, stops, bos: ids(&config["bos_token_id"]).first().copied(), chat_template })
+    }
+
+    /// Writes `weights` (in place of these) as a Hugging Face directory with this model's
+    /// tokenizer: what transformers, vLLM and the `candle` backend load.
+    pub fn export(&self, weights: &LlamaWeights, out: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+        weights.save_hf(out, self.bos, self.stops.first().copied()).map_err(|e| e.to_string())?;
+        let path = out.join("tokenizer.json");
+        self.tokenizer.save(&path, false).map_err(|e| format!("{}: {e}", path.display()))?;
+        let token = |id: Option<u32>| id.and_then(|id| self.tokenizer.id_to_token(id));
+        let config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": token(self.bos),
+            "eos_token": token(self.stops.first().copied()),
+            "pad_token": token(self.stops.first().copied()),
+            "chat_template": self.chat_template,
+        });
+        let path = out.join("tokenizer_config.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&config).expect("plain JSON"))
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 
@@ -159,7 +257,7 @@ impl Policy for CandlePolicy {
             })
             .unzip();
         let stopped = || self.inner.error("the scheduler thread stopped (see the log for why)");
-        let sent = submitted.is_empty() || self.submit.send(submitted).is_ok();
+        let sent = submitted.is_empty() || self.submit.send(Message::Requests(submitted)).is_ok();
         Box::pin(async move {
             if !sent {
                 return Err(stopped());
@@ -170,6 +268,25 @@ impl Policy for CandlePolicy {
             }
             Ok(generations)
         })
+    }
+
+    fn version(&self) -> u64 {
+        self.inner.version.load(Ordering::SeqCst)
+    }
+
+    fn load_weights(&self, weights: &LlamaWeights, version: u64) -> Result<(), PolicyError> {
+        if weights.shape != self.inner.shape {
+            return Err(self.inner.error(format!(
+                "new weights of another shape ({:?}) than the served ones ({:?})",
+                weights.shape, self.inner.shape
+            )));
+        }
+        let (done, swapped) = std::sync::mpsc::channel();
+        let stopped = || self.inner.error("the scheduler thread stopped (see the log for why)");
+        self.submit.send(Message::Replace(Box::new(LlamaModel::new(weights)), done)).map_err(|_| stopped())?;
+        swapped.recv().map_err(|_| stopped())?;
+        self.inner.version.store(version, Ordering::SeqCst);
+        Ok(())
     }
 }
 

@@ -17,7 +17,7 @@ mod scripted;
 
 use futures::future::BoxFuture;
 
-pub use self::candle::{CandleConfig, CandlePolicy};
+pub use self::candle::{CandleConfig, CandlePolicy, ModelFiles};
 pub use self::chat::{ChatMessage, ChatTemplate};
 pub use self::mistralrs::{MistralRsConfig, MistralRsPolicy};
 pub use self::openai::{OpenAiConfig, OpenAiPolicy};
@@ -123,6 +123,22 @@ pub trait Policy: Send + Sync {
     /// Continues each request. Results are in request order.
     fn generate<'a>(&'a self, requests: &'a [GenerationRequest])
     -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>>;
+
+    /// The version of the weights served: 0 as loaded, then the trainer's policy version.
+    fn version(&self) -> u64 {
+        0
+    }
+
+    /// Serves `weights` (blocking) from the next request on, as policy version `version`;
+    /// backends that cannot take weights in process refuse.
+    fn load_weights(&self, weights: &crate::weights::LlamaWeights, version: u64) -> Result<(), PolicyError> {
+        let _ = (weights, version);
+        Err(PolicyError::Backend {
+            name: self.name().to_string(),
+            message: "this backend cannot take trained weights in process: train with `model: {backend: candle}`"
+                .into(),
+        })
+    }
 }
 
 /// Policies for tests across the crate.

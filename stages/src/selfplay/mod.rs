@@ -6,12 +6,15 @@
 //! and every stage appends its numbers to `step_metrics`. Only `solve` retrieves skills: the
 //! proposer's prompt has no `{skills}` placeholder and `propose` never asks for the memory.
 
+pub mod demonstrations;
 mod resources;
 mod rules;
 mod stages;
+pub mod training;
 
 pub use self::resources::{LoopResources, PooledQuestion, SelfPlay, SkillMemory, Templates};
 pub use self::rules::{
     FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
 };
-pub use self::stages::{Collect, Consolidate, Priming, Propose, Reward, Solve, Verify, metrics_batch};
+pub use self::stages::{Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Verify, Warmup, metrics_batch};
+pub use self::training::{TrainerSection, Training};

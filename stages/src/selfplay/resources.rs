@@ -9,6 +9,7 @@ use sesa_engine::spec::Spec;
 use sesa_engine::{ArtifactStore, Resources, RunError, read_table};
 
 use super::rules::FailureQueue;
+use super::training::{TrainerSection, Training};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
@@ -110,12 +111,19 @@ pub struct SkillMemory {
 pub struct LoopResources {
     selfplay: Arc<SelfPlay>,
     memory: Option<Arc<SkillMemory>>,
+    training: Option<Arc<Training>>,
 }
 
 impl LoopResources {
     /// Resources built by hand (tests, embedding sesa in another program).
     pub fn new(selfplay: SelfPlay, memory: Option<SkillMemory>) -> LoopResources {
-        LoopResources { selfplay: Arc::new(selfplay), memory: memory.map(Arc::new) }
+        LoopResources { selfplay: Arc::new(selfplay), memory: memory.map(Arc::new), training: None }
+    }
+
+    /// Adds a trainer (tests, embedding sesa in another program).
+    pub fn with_training(mut self, training: Training) -> LoopResources {
+        self.training = Some(Arc::new(training));
+        self
     }
 
     /// Opens everything the spec's sections describe: generates the world and builds the index
@@ -133,6 +141,14 @@ impl LoopResources {
         let prompts = spec.section::<PromptsSection>().ok_or(SetupError::MissingSection("prompts"))?;
         let search_tool = search.open_or_build()?;
         let policy = model.open().await?;
+        // In-process training needs the weights file the policy serves.
+        let training = match &*model {
+            ModelSection::Candle(config) => {
+                let section = spec.section::<TrainerSection>().map(|s| (*s).clone()).unwrap_or_default();
+                Some(Arc::new(Training::new(section, crate::sections::local_model(&config.model).await?)))
+            }
+            _ => None,
+        };
         let judge = match spec.section::<JudgeSection>() {
             Some(judge) => Some(judge.0.open().await?),
             None => None,
@@ -155,7 +171,7 @@ impl LoopResources {
             templates: Templates::load(&prompts)?,
             pool: Mutex::new(Vec::new()),
         };
-        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory }))
+        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory, training }))
     }
 
     /// Rebuilds the state of a run being resumed from its committed tables: the bank from its
@@ -207,6 +223,9 @@ impl LoopResources {
                 }
             }
         }
+        if let Some(training) = &self.training {
+            training.restore(root, run_id, self.selfplay.policy.as_ref()).await?;
+        }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {
             restored.extend(pooled(step, &batch).map_err(|e| corrupt(e.to_string()))?);
@@ -220,6 +239,9 @@ impl LoopResources {
         resources.insert(self.selfplay);
         if let Some(memory) = self.memory {
             resources.insert(memory);
+        }
+        if let Some(training) = self.training {
+            resources.insert(training);
         }
     }
 }

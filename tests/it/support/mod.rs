@@ -26,12 +26,30 @@ pub fn registry() -> Registry {
     registry
 }
 
+/// The environment variable that picks the child's registry (`stages`: the shipped one).
+pub const CHILD_REGISTRY: &str = "SESA_IT_CHILD_REGISTRY";
+
+/// Which stage kinds a child `sesa` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildRegistry {
+    /// The test-only stage kinds.
+    Test,
+    /// The shipped SESA stage kinds.
+    Stages,
+}
+
 /// A `sesa` command: this test binary re-run as the real command line with test stages.
 pub fn sesa(args: &[&str], cwd: &Path) -> Command {
+    sesa_with(ChildRegistry::Test, args, cwd)
+}
+
+/// A `sesa` command with the stage kinds of `registry`.
+pub fn sesa_with(registry: ChildRegistry, args: &[&str], cwd: &Path) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("the test binary has a path"));
     command
         .args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
         .env(CHILD_ARGS, serde_json::to_string(args).unwrap())
+        .env(CHILD_REGISTRY, if registry == ChildRegistry::Stages { "stages" } else { "test" })
         .env("RUST_LOG", "warn")
         .current_dir(cwd)
         .stdin(Stdio::null());
@@ -41,6 +59,11 @@ pub fn sesa(args: &[&str], cwd: &Path) -> Command {
 /// Runs `sesa` to completion and returns its output.
 pub fn run_sesa(args: &[&str], cwd: &Path) -> Output {
     sesa(args, cwd).output().expect("the child process starts")
+}
+
+/// [`run_sesa`] with the stage kinds of `registry`.
+pub fn run_sesa_with(registry: ChildRegistry, args: &[&str], cwd: &Path) -> Output {
+    sesa_with(registry, args, cwd).output().expect("the child process starts")
 }
 
 /// What the child wrote to stdout, without the test harness's own lines.
@@ -56,7 +79,12 @@ pub fn stdout(output: &Output) -> String {
 
 /// Starts `sesa` in the background, its output discarded.
 pub fn spawn_sesa(args: &[&str], cwd: &Path) -> Child {
-    sesa(args, cwd).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the child process starts")
+    spawn_sesa_with(ChildRegistry::Test, args, cwd)
+}
+
+/// [`spawn_sesa`] with the stage kinds of `registry`.
+pub fn spawn_sesa_with(registry: ChildRegistry, args: &[&str], cwd: &Path) -> Child {
+    sesa_with(registry, args, cwd).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the child process starts")
 }
 
 /// Writes `text` to `dir/name` and returns the path.

@@ -13,26 +13,10 @@
 //! breaking "same seed, same trajectory", and what lets decoding put all live sequences
 //! through one projection per layer.
 
-use std::fs::File;
-
-use candle_core::Device;
-use candle_core::quantized::{QTensor, gguf_file};
 use rayon::prelude::*;
 
 use crate::kernels::{Dense, PackedWeight, add_assign, attend};
-
-/// Shapes read from the GGUF metadata.
-#[derive(Debug, Clone)]
-pub(crate) struct LlamaShape {
-    pub(crate) hidden: usize,
-    pub(crate) heads: usize,
-    pub(crate) kv_heads: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) layers: usize,
-    /// Positions the model was trained for; contexts are cut there.
-    pub(crate) context: usize,
-    eps: f32,
-}
+use crate::weights::{LlamaShape, LlamaWeights};
 
 struct Block {
     attention_norm: Vec<f32>,
@@ -108,82 +92,36 @@ impl From<candle_core::Error> for ModelError {
 }
 
 impl LlamaModel {
-    /// Loads the weights of a llama-architecture GGUF file whose header is `content`.
-    pub(crate) fn load(content: &gguf_file::Content, file: &mut File) -> Result<LlamaModel, ModelError> {
-        let architecture = metadata(content, "general.architecture")?.to_string()?.clone();
-        if architecture != "llama" {
-            return Err(ModelError(format!("architecture `{architecture}` is not supported (only llama)")));
-        }
-        let number = |key: &str| -> Result<usize, ModelError> { Ok(metadata(content, key)?.to_u32()? as usize) };
-        let hidden = number("llama.embedding_length")?;
-        let heads = number("llama.attention.head_count")?;
-        let kv_heads = number("llama.attention.head_count_kv")?;
-        let head_dim = hidden / heads.max(1);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 || head_dim % 2 != 0 {
-            return Err(ModelError(format!("unsupported attention shape: {heads} heads, {kv_heads} key/value heads")));
-        }
-        let shape = LlamaShape {
-            hidden,
-            heads,
-            kv_heads,
-            head_dim,
-            layers: number("llama.block_count")?,
-            context: number("llama.context_length")?,
-            eps: metadata(content, "llama.attention.layer_norm_rms_epsilon")?.to_f32()?,
-        };
-        let freq_base = content.metadata.get("llama.rope.freq_base").and_then(|v| v.to_f32().ok()).unwrap_or(10_000.0);
-        let mut tensor = |name: &str| -> Result<Vec<f32>, ModelError> {
-            let t: QTensor = content.tensor(file, name, &Device::Cpu)?;
-            Ok(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?)
-        };
-        let ffn = number("llama.feed_forward_length")?;
-        let kv_width = kv_heads * head_dim;
-        let mut blocks = Vec::with_capacity(shape.layers);
-        for i in 0..shape.layers {
-            let mut get = |part: &str| tensor(&format!("blk.{i}.{part}.weight"));
-            let (query, key, value) = (get("attn_q")?, get("attn_k")?, get("attn_v")?);
-            let (gate, up) = (get("ffn_gate")?, get("ffn_up")?);
-            let dense = |weight: Vec<f32>, inputs: usize, outputs: usize| -> Result<Dense, ModelError> {
-                if weight.len() != inputs * outputs {
-                    return Err(ModelError(format!(
-                        "blk.{i}: a matrix of {} values, expected {outputs}×{inputs}",
-                        weight.len()
-                    )));
-                }
-                Ok(Dense::new(&weight, None, inputs, outputs))
-            };
-            blocks.push(Block {
-                attention_norm: get("attn_norm")?,
-                qkv: dense([query, key, value].concat(), hidden, hidden + 2 * kv_width)?,
-                attention_out: dense(get("attn_output")?, hidden, hidden)?,
-                ffn_norm: get("ffn_norm")?,
-                gate_up: dense([gate, up].concat(), hidden, 2 * ffn)?,
-                down: dense(get("ffn_down")?, ffn, hidden)?,
-            });
-        }
-        let embedding = tensor("token_embd.weight")?;
-        // Tied embeddings (no output.weight): the same matrix projects back to the vocabulary.
-        let output = tensor("output.weight").ok();
-        let output = PackedWeight::new(output.as_deref().unwrap_or(&embedding), hidden, embedding.len() / hidden);
-        let half = head_dim / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(shape.context * half), Vec::with_capacity(shape.context * half));
-        for position in 0..shape.context {
-            for i in 0..half {
-                let angle = position as f32 / freq_base.powf((2 * i) as f32 / head_dim as f32);
-                cos.push(angle.cos());
-                sin.push(angle.sin());
-            }
-        }
-        Ok(LlamaModel {
-            output_norm: tensor("output_norm.weight")?,
-            embedding,
+    /// Packs `weights` for the forward pass (query, key and value stacked into one
+    /// projection, gate and up into another).
+    pub(crate) fn new(weights: &LlamaWeights) -> LlamaModel {
+        let shape = weights.shape.clone();
+        let (hidden, ffn, kv_width) = (shape.hidden, shape.ffn, shape.kv_width());
+        let blocks = weights
+            .blocks
+            .iter()
+            .map(|b| Block {
+                attention_norm: b.attention_norm.clone(),
+                qkv: Dense::new(&[&b.query[..], &b.key, &b.value].concat(), None, hidden, hidden + 2 * kv_width),
+                attention_out: Dense::new(&b.attention_out, None, hidden, hidden),
+                ffn_norm: b.ffn_norm.clone(),
+                gate_up: Dense::new(&[&b.gate[..], &b.up].concat(), None, hidden, 2 * ffn),
+                down: Dense::new(&b.down, None, ffn, hidden),
+            })
+            .collect();
+        // Tied embeddings (no output matrix): the same matrix projects back to the vocabulary.
+        let output = PackedWeight::new(weights.output_matrix(), hidden, shape.vocabulary);
+        let (cos, sin) = shape.rope_tables();
+        LlamaModel {
+            output_norm: weights.output_norm.clone(),
+            embedding: weights.embedding.clone(),
             output,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             blocks,
             cos,
             sin,
             shape,
-        })
+        }
     }
 
     /// The vocabulary size.
@@ -194,7 +132,7 @@ impl LlamaModel {
     /// Feeds each chunk's tokens after its cache, appends them to the cache, and returns the
     /// logits that follow each chunk's last token.
     pub(crate) fn forward(&self, chunks: &mut [Chunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let LlamaShape { hidden, heads, kv_heads, head_dim, layers, context, eps } = self.shape;
+        let LlamaShape { hidden, heads, kv_heads, head_dim, layers, context, eps, .. } = self.shape;
         let vocabulary = self.vocabulary();
         // Row r of the batch: its chunk and its position.
         let mut rows: Vec<(usize, usize)> = Vec::new();
@@ -308,10 +246,6 @@ impl LlamaModel {
             }
         }
     }
-}
-
-fn metadata<'a>(content: &'a gguf_file::Content, key: &str) -> Result<&'a gguf_file::Value, ModelError> {
-    content.metadata.get(key).ok_or_else(|| ModelError(format!("GGUF metadata `{key}` is missing")))
 }
 
 /// Each row of `x` scaled to unit root mean square, times `weight`, into `out`.

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use tokio::sync::oneshot;
 
 use super::Inner;
-use super::llama::{Chunk, KvCache};
+use super::llama::{Chunk, KvCache, LlamaModel};
 use crate::policy::sampling::sample;
 use crate::policy::{FinishReason, Generation, GenerationRequest, PolicyError};
 
@@ -117,9 +117,19 @@ impl Sequence {
     }
 }
 
+/// What callers send the scheduler thread.
+pub(super) enum Message {
+    /// Requests of one `generate` call.
+    Requests(Vec<Submitted>),
+    /// New weights: served to every request admitted after this message, once those admitted
+    /// before it have finished; cached keys and values, computed by the old weights, are
+    /// dropped. The sender hears when the swap is done.
+    Replace(Box<LlamaModel>, std::sync::mpsc::Sender<()>),
+}
+
 /// The scheduler's loop; returns when every sender of `submissions` is gone (the policy was
 /// dropped) and nothing is running.
-pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sessions: Sessions) {
+pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Message>, mut sessions: Sessions) {
     let mut running: Vec<Sequence> = Vec::new();
     // Requests the last step stopped at a stop string: their callers usually come right back
     // (an agent searches, then continues).
@@ -128,25 +138,47 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
         let mut arrived = Vec::new();
         if running.is_empty() {
             match submissions.recv() {
-                Ok(batch) => arrived.extend(batch),
+                Ok(message) => arrived.push(message),
                 Err(_) => return,
             }
             gather(&submissions, &mut arrived, usize::MAX);
         } else if answered > 0 {
             gather(&submissions, &mut arrived, answered);
         }
-        arrived.extend(submissions.try_iter().flatten());
+        arrived.extend(submissions.try_iter());
         // A caller that stopped waiting (its episode was dropped) frees its slot.
         running.retain(|sequence| !sequence.reply.is_closed());
-        for submitted in arrived {
-            inner.admit(submitted, &mut running, &mut sessions);
+        for message in arrived {
+            match message {
+                Message::Requests(batch) => {
+                    for submitted in batch {
+                        inner.admit(&model, submitted, &mut running, &mut sessions);
+                    }
+                }
+                Message::Replace(new, done) => {
+                    while !running.is_empty() {
+                        inner.advance(&model, &mut running, &mut sessions);
+                    }
+                    model = *new;
+                    sessions.entries.clear();
+                    let _ = done.send(());
+                }
+            }
         }
         if running.is_empty() {
             continue;
         }
+        answered = inner.advance(&model, &mut running, &mut sessions);
+    }
+}
+
+impl Inner {
+    /// One step of every running sequence; finished ones are answered and leave. Returns how
+    /// many stopped at a stop string.
+    fn advance(&self, model: &LlamaModel, running: &mut Vec<Sequence>, sessions: &mut Sessions) -> usize {
         // A failing forward pass, or a bug that panics, fails the requests of this step; the
         // scheduler lives on for the next calls.
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.step(&mut running)))
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(model, running)))
             .unwrap_or_else(|panic| {
                 let what = panic
                     .downcast_ref::<&str>()
@@ -156,30 +188,34 @@ pub(super) fn run(inner: &Inner, submissions: Receiver<Vec<Submitted>>, mut sess
             });
         if let Err(message) = stepped {
             for sequence in running.drain(..) {
-                let _ = sequence.reply.send(Err(inner.error(&message)));
+                let _ = sequence.reply.send(Err(self.error(&message)));
             }
-            continue;
+            return 0;
         }
         let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
-            running.into_iter().partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
-        running = rest;
-        answered = done.iter().filter(|sequence| sequence.finish == Some(FinishReason::Stop)).count();
+            std::mem::take(running).into_iter().partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
+        *running = rest;
+        let answered = done.iter().filter(|sequence| sequence.finish == Some(FinishReason::Stop)).count();
         for sequence in done {
             let result = match sequence.failure {
-                Some(message) => Err(inner.error(message)),
-                None => inner.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, &mut sessions),
+                Some(message) => Err(self.error(message)),
+                None => self.finish(sequence.context, sequence.picks, sequence.cache, sequence.finish, sessions),
             };
             let _ = sequence.reply.send(result);
         }
+        answered
     }
 }
 
 /// Receives for up to [`GATHER`], until `enough` requests have arrived.
-fn gather(submissions: &Receiver<Vec<Submitted>>, arrived: &mut Vec<Submitted>, enough: usize) {
+fn gather(submissions: &Receiver<Message>, arrived: &mut Vec<Message>, enough: usize) {
     let deadline = Instant::now() + GATHER;
-    while arrived.len() < enough {
+    let requests = |arrived: &Vec<Message>| {
+        arrived.iter().map(|m| if let Message::Requests(batch) = m { batch.len() } else { 0 }).sum::<usize>()
+    };
+    while requests(arrived) < enough {
         match submissions.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(batch) => arrived.extend(batch),
+            Ok(message) => arrived.push(message),
             Err(_) => break,
         }
     }
@@ -188,7 +224,7 @@ fn gather(submissions: &Receiver<Vec<Submitted>>, arrived: &mut Vec<Submitted>, 
 impl Inner {
     /// Starts a request: its context, the longest cached prefix of it (a finished sequence's
     /// or a running one's), or a twin of this step to copy. Bad requests are answered at once.
-    fn admit(&self, submitted: Submitted, running: &mut Vec<Sequence>, sessions: &mut Sessions) {
+    fn admit(&self, model: &LlamaModel, submitted: Submitted, running: &mut Vec<Sequence>, sessions: &mut Sessions) {
         let Submitted { request, reply } = submitted;
         let context = match self.context(&request) {
             Ok(context) => context,
@@ -204,7 +240,7 @@ impl Inner {
                 return;
             }
         };
-        let limit = request.max_tokens.min(self.model.shape.context.saturating_sub(context.len()));
+        let limit = request.max_tokens.min(model.shape.context.saturating_sub(context.len()));
         if limit == 0 {
             let _ = reply.send(self.finish(context, Vec::new(), KvCache::default(), None, sessions));
             return;
@@ -244,7 +280,7 @@ impl Inner {
             Some(ids) => ids.clone(),
             None => self.tokenize(&request.context)?,
         };
-        let vocabulary = self.model.vocabulary();
+        let vocabulary = self.vocabulary;
         if context.is_empty() {
             return Err(self.error("empty context"));
         }
@@ -258,7 +294,7 @@ impl Inner {
     fn constraint(&self, schema: &serde_json::Value) -> Result<Matcher, PolicyError> {
         let grammars = self
             .grammars
-            .get_or_init(|| super::grammar_engine(&self.tokenizer, &self.stops, self.model.vocabulary()))
+            .get_or_init(|| super::grammar_engine(&self.tokenizer, &self.stops, self.vocabulary))
             .as_ref()
             .map_err(|e| self.error(format!("no constrained decoding here: {e}")))?;
         let parser = grammars
@@ -269,13 +305,13 @@ impl Inner {
 
     /// One forward step of every running sequence, then one sampled token each. A sequence's
     /// own problem (its grammar) is recorded in its `failure`; an error here fails the step.
-    fn step(&self, running: &mut [Sequence]) -> Result<(), String> {
+    fn step(&self, model: &LlamaModel, running: &mut [Sequence]) -> Result<(), String> {
         let mut chunks: Vec<Chunk<'_>> = running
             .iter_mut()
             .filter(|s| s.twin_of.is_none())
             .map(|s| Chunk { cache: &mut s.cache, tokens: &s.pending })
             .collect();
-        let mut logits = self.model.forward(&mut chunks).map_err(|e| e.to_string())?.into_iter();
+        let mut logits = model.forward(&mut chunks).map_err(|e| e.to_string())?.into_iter();
         drop(chunks);
         let mut next: Vec<Vec<f32>> = Vec::with_capacity(running.len());
         for i in 0..running.len() {

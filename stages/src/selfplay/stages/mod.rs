@@ -2,11 +2,13 @@
 
 mod collect;
 mod consolidate;
+mod evaluate;
 mod priming;
 mod propose;
 mod reward;
 mod solve;
 mod verify;
+mod warmup;
 
 use std::time::Instant;
 
@@ -16,11 +18,13 @@ use sesa_engine::{StageError, TableSpec};
 
 pub use self::collect::Collect;
 pub use self::consolidate::Consolidate;
+pub use self::evaluate::Evaluate;
 pub use self::priming::Priming;
 pub use self::propose::Propose;
 pub use self::reward::Reward;
 pub use self::solve::Solve;
 pub use self::verify::Verify;
+pub use self::warmup::Warmup;
 use crate::agent::{Outcome, Trajectory};
 use crate::columns::{Columns, schema_of};
 
@@ -66,6 +70,9 @@ fn with_trajectories(columns: Columns, trajectories: &[Trajectory]) -> Columns {
         .u32s("loss_mask", masks.iter().map(Vec::as_slice))
         .f32s("logprobs", trajectories.iter().map(|t| t.logprobs.as_slice()))
         .bool("tokens_exact", trajectories.iter().map(|t| t.tokens_exact))
+        .str("prompt", trajectories.iter().map(|t| t.prompt.as_str()))
+        .u32s("prompt_ids", trajectories.iter().map(|t| t.prompt_ids.as_slice()))
+        .u64("policy_version", trajectories.iter().map(|t| t.policy_version))
 }
 
 /// How an episode ended, in one word (format errors with their kind).

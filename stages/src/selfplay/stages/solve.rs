@@ -77,6 +77,37 @@ impl Solve {
     }
 }
 
+/// The skills retrieved for a batch of questions.
+pub(super) struct Retrieval {
+    /// Per question, the block of its prompt (empty without skills).
+    pub(super) blocks: Vec<String>,
+    /// Per question, (skill id, description, similarity) of each skill retrieved.
+    pub(super) skills: Vec<Vec<(String, String, f32)>>,
+    /// The bank version retrieved from (0 without memory).
+    pub(super) version: u64,
+}
+
+impl Retrieval {
+    pub(super) fn none(questions: usize) -> Retrieval {
+        Retrieval { blocks: vec![String::new(); questions], skills: vec![Vec::new(); questions], version: 0 }
+    }
+}
+
+/// The top-k skills of the bank for each question: one embedding batch, then exact top-k.
+pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retrieval, StageError> {
+    let vectors = memory.embedder.embed(questions).map_err(|e| failed("embedding questions", e))?;
+    let bank = memory.bank.lock().expect("bank lock");
+    let mut retrieval = Retrieval::none(questions.len());
+    retrieval.version = bank.version();
+    for (k, vector) in vectors.iter().enumerate() {
+        let top = bank.top_k(vector, memory.top_k);
+        let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
+        retrieval.blocks[k] = skills_block(&skills);
+        retrieval.skills[k] = top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
+    }
+    Ok(retrieval)
+}
+
 /// The skills block of the solver's prompt (empty without skills).
 fn skills_block(skills: &[&crate::memory::Skill]) -> String {
     if skills.is_empty() {
@@ -120,32 +151,22 @@ impl Stage for Solve {
         let asked: Vec<usize> = (0..verifications.rows()).filter(|&i| questions[i].is_some()).collect();
 
         // Retrieval: one embedding batch, then top-k per question.
-        let mut retrieved: Vec<Vec<String>> = vec![Vec::new(); asked.len()];
-        let mut blocks: Vec<String> = vec![String::new(); asked.len()];
+        let texts: Vec<&str> = asked.iter().map(|&i| questions[i].unwrap_or_default()).collect();
+        let retrieval = match &memory {
+            Some(memory) => retrieve(memory, &texts)?,
+            None => Retrieval::none(texts.len()),
+        };
+        let (blocks, version) = (&retrieval.blocks, retrieval.version);
+        let retrieved: Vec<Vec<String>> =
+            retrieval.skills.iter().map(|top| top.iter().map(|(id, _, _)| id.clone()).collect()).collect();
         let mut events = Vec::new();
-        let mut version = 0;
-        if let Some(memory) = &memory {
-            let texts: Vec<&str> = asked.iter().map(|&i| questions[i].unwrap_or_default()).collect();
-            let vectors = memory.embedder.embed(&texts).map_err(|e| failed("embedding questions", e))?;
-            let bank = memory.bank.lock().expect("bank lock");
-            version = bank.version();
-            for (k, vector) in vectors.iter().enumerate() {
-                let top = bank.top_k(vector, memory.top_k);
-                let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
-                blocks[k] = skills_block(&skills);
-                retrieved[k] = skills.iter().map(|s| s.id.clone()).collect();
-                for (skill, similarity) in top {
-                    events.push(SkillEvent {
-                        similarity: Some(similarity),
-                        question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
-                        ..SkillEvent::new(
-                            SkillEventKind::Retrieved,
-                            skill.id.clone(),
-                            skill.text.description.clone(),
-                            "in the solver's prompt".into(),
-                        )
-                    });
-                }
+        for (k, top) in retrieval.skills.iter().enumerate() {
+            for (id, description, similarity) in top {
+                events.push(SkillEvent {
+                    similarity: Some(*similarity),
+                    question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
+                    ..SkillEvent::new(SkillEventKind::Retrieved, id.clone(), description.clone(), "in the solver's prompt".into())
+                });
             }
         }
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Training speed: sesa's trainer beside PyTorch on the same computation (SmolLM2-135M, one
+# sequence of T tokens, loss on every position, AdamW), full fine-tuning and LoRA r = 16.
+#   SESA=target/release/sesa benches/train.sh [T]
+# Installs torch, transformers, peft and gguf from PyPI on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SESA=${SESA:-target/release/sesa}
+T=${1:-512}
+python3 -m pip install --quiet --disable-pip-version-check torch transformers peft gguf
+model_dir=$("$SESA" model fetch smollm2-135m-instruct)
+gguf=$(cd "$model_dir" && ls *.gguf | head -1)
+for method in full lora; do
+  echo "== sesa, $method, T=$T"
+  "$SESA" bench-train --model smollm2-135m-instruct --tokens "$T" --method "$method" --steps 3
+  echo "== sesa, $method, T=$T, logits only where the loss mask is on (the last 25% of positions)"
+  "$SESA" bench-train --model smollm2-135m-instruct --tokens "$T" --method "$method" --steps 3 --scored 0.25
+  echo "== PyTorch, $method, T=$T"
+  python3 benches/train_torch.py "$model_dir" "$gguf" --tokens "$T" --method "$method" --steps 3
+done

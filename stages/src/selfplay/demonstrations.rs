@@ -1,0 +1,204 @@
+//! Demonstrations for the supervised warm start: trajectories written, not sampled, in the
+//! exact layout the agent loop produces (the same prompt templates, the same `<information>`
+//! blocks from the same search tool, the same token mask), so a warm-started model sees what
+//! it will see in the loop.
+//!
+//! From a generated world's question with its supporting chain `t₁ … tₙ` and answer `a`:
+//! - the solver searches each hop's title in reading order, reads the real results and answers
+//!   `a`; kept only when each search returns its hop's passage;
+//! - the proposer, given `a` and `n`, walks back from the answer: it searches `a` (which finds
+//!   `tₙ`, the passage that states it), then `tₙ` (which finds `tₙ₋₁`, the passage that names
+//!   it), and so on to `t₁`, then writes the world's question; kept only when each search
+//!   finds the passage it walks to and the question passes the validity rules.
+//!
+//! A user's own demonstrations are rows in the `rollouts` (or `proposals`) table's layout:
+//! `prompt_ids`, `token_ids` and `loss_mask`, from JSONL or Parquet.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::rules::ValidityRules;
+use crate::agent::{PromptTemplate, information_block};
+use crate::columns::Reader;
+use crate::data::datasets::Question;
+use crate::policy::Policy;
+use crate::search::{Search, format_results};
+use crate::train::TrainSequence;
+
+/// A demonstration: its role, its text and its tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demonstration {
+    /// `solver` or `proposer`.
+    pub role: &'static str,
+    /// Hops of the question it was written from (0 for a user's).
+    pub hops: u8,
+    /// The tokens to train on.
+    pub sequence: TrainSequence,
+}
+
+/// What writing demonstrations needs from the run.
+pub struct Writer<'a> {
+    /// The policy (its chat template and tokenizer).
+    pub policy: &'a dyn Policy,
+    /// The search tool.
+    pub search: &'a dyn Search,
+    /// Passages per search.
+    pub top_k: usize,
+}
+
+/// One turn of a written trajectory: the model's text, then what the search tool answered.
+struct WrittenTurn {
+    text: String,
+    information: Option<String>,
+}
+
+impl Writer<'_> {
+    /// The tokens of a prompt followed by `turns`: the model's text trained on, the
+    /// `<information>` blocks and the prompt not.
+    async fn sequence(&self, prompt: &str, turns: &[WrittenTurn]) -> Result<Option<TrainSequence>, String> {
+        let mut tokens = Vec::new();
+        let mut mask = Vec::new();
+        let mut push = async |text: &str, trained: u8| -> Result<bool, String> {
+            match self.policy.tokenize(text).await.map_err(|e| e.to_string())? {
+                Some(ids) => {
+                    mask.extend(std::iter::repeat_n(trained, ids.len()));
+                    tokens.extend(ids);
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        };
+        if !push(prompt, 0).await? {
+            return Err(format!("policy `{}` gives no token ids: it cannot be trained in process", self.policy.name()));
+        }
+        for turn in turns {
+            push(&turn.text, 1).await?;
+            if let Some(information) = &turn.information {
+                push(information, 0).await?;
+            }
+        }
+        Ok(Some(TrainSequence { tokens, mask }))
+    }
+
+    /// The `<information>` block of `query` and whether its passages include `title`.
+    async fn search(&self, query: &str, title: &str) -> Result<(String, bool), String> {
+        let hits = self.search.search(&[query.to_string()], self.top_k).await.map_err(|e| e.to_string())?;
+        let hits = hits.into_iter().next().unwrap_or_default();
+        let found = hits.iter().any(|h| h.doc.title == title);
+        Ok((information_block(&format_results(std::slice::from_ref(&hits))), found))
+    }
+
+    /// The solver's demonstration of `question`, or `None` when a search misses its hop.
+    pub async fn solver(&self, template: &PromptTemplate, question: &Question) -> Result<Option<Demonstration>, String> {
+        let Some(answer) = question.golden_answers.first() else { return Ok(None) };
+        if question.supporting_titles.is_empty() {
+            return Ok(None);
+        }
+        let prompt = self.policy.render_chat(&template.render(&BTreeMap::from([
+            ("question", question.question.clone()),
+            ("skills", String::new()),
+        ])));
+        let mut turns = Vec::new();
+        for title in &question.supporting_titles {
+            let text = format!("<search>{title}</search>");
+            let (information, found) = self.search(title, title).await?;
+            if !found {
+                return Ok(None);
+            }
+            turns.push(WrittenTurn { text, information: Some(information) });
+        }
+        turns.push(WrittenTurn { text: format!("<answer>{answer}</answer>"), information: None });
+        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration { role: "solver", hops: question.hops.unwrap_or(0), sequence }))
+    }
+
+    /// The proposer's demonstration for `question`'s answer and hop count, or `None` when the
+    /// walk back misses a passage or the question breaks `rules`.
+    pub async fn proposer(
+        &self,
+        template: &PromptTemplate,
+        rules: &ValidityRules,
+        question: &Question,
+    ) -> Result<Option<Demonstration>, String> {
+        let Some(answer) = question.golden_answers.first() else { return Ok(None) };
+        if question.supporting_titles.is_empty() {
+            return Ok(None);
+        }
+        let prompt = self.policy.render_chat(&template.render(&BTreeMap::from([
+            ("answer", answer.clone()),
+            ("hops", question.supporting_titles.len().to_string()),
+        ])));
+        // Query k names what step k − 1 found: the answer, then tₙ, tₙ₋₁, … t₂.
+        let titles = &question.supporting_titles;
+        let queries: Vec<&str> = std::iter::once(answer.as_str()).chain(titles.iter().skip(1).rev().map(String::as_str)).collect();
+        let mut turns = Vec::new();
+        let mut materials = String::new();
+        for (query, title) in queries.iter().zip(titles.iter().rev()) {
+            let (information, found) = self.search(query, title).await?;
+            if !found {
+                return Ok(None);
+            }
+            materials.push_str(&information);
+            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
+        }
+        if rules.check(Some(&question.question), answer, &queries, &materials).is_err() {
+            return Ok(None);
+        }
+        turns.push(WrittenTurn { text: format!("<question>{}</question>", question.question), information: None });
+        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration { role: "proposer", hops: question.hops.unwrap_or(0), sequence }))
+    }
+}
+
+/// A user's demonstrations: rows with `prompt_ids`, `token_ids` and `loss_mask` (the
+/// `rollouts` layout; `role` optional) in a JSONL or Parquet file.
+pub fn read_user_demonstrations(path: &Path) -> Result<Vec<Demonstration>, String> {
+    let is_parquet = path.extension().is_some_and(|e| e == "parquet");
+    let rows: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)> = if is_parquet {
+        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.build())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut rows = Vec::new();
+        for batch in reader {
+            let batch = batch.map_err(|e| format!("{}: {e}", path.display()))?;
+            let table = path.display().to_string();
+            let read = Reader::new(&table, &batch);
+            let columns = (|| Ok::<_, sesa_engine::StageError>((read.u32s("prompt_ids")?, read.u32s("token_ids")?, read.u32s("loss_mask")?)))()
+                .map_err(|e| format!("{e} (demonstrations need the rollouts table's `prompt_ids`, `token_ids` and `loss_mask`)"))?;
+            rows.extend(columns.0.into_iter().zip(columns.1).zip(columns.2).map(|((p, t), m)| (p, t, m)));
+        }
+        rows
+    } else {
+        #[derive(Deserialize)]
+        struct Row {
+            prompt_ids: Vec<u32>,
+            token_ids: Vec<u32>,
+            loss_mask: Vec<u32>,
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        text.lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .map(|(i, line)| {
+                let row: Row = serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
+                Ok((row.prompt_ids, row.token_ids, row.loss_mask))
+            })
+            .collect::<Result<_, String>>()?
+    };
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, (prompt, response, mask))| {
+            if prompt.is_empty() || response.len() != mask.len() {
+                return Err(format!(
+                    "{}: row {}: needs a non-empty `prompt_ids` and one `loss_mask` value per `token_ids` value",
+                    path.display(),
+                    i + 1
+                ));
+            }
+            let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
+            let mask = std::iter::repeat_n(0, prompt.len()).chain(mask.iter().map(|&m| u8::from(m != 0))).collect();
+            Ok(Demonstration { role: "user", hops: 0, sequence: TrainSequence { tokens, mask } })
+        })
+        .collect()
+}

@@ -1,0 +1,276 @@
+//! `evaluate`: the solver's greedy accuracy on question sets, with the policy version being
+//! served and, in `memory_on` mode, the skills of the bank at this step. Exact match and F1
+//! per question, per benchmark and, when questions say their hop count, per hop count.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::solve::{Retrieval, retrieve};
+use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use crate::agent::{AgentRun, Episode, Outcome, Role};
+use crate::columns::{Columns, schema_of};
+use crate::data::datasets::{Question, load_questions};
+use crate::data::metrics::{exact_match, f1_score};
+use crate::policy::Sampling;
+use crate::search::{Bm25Index, Search};
+use crate::sections::WorldSection;
+use crate::selfplay::resources::{SelfPlay, SkillMemory};
+
+/// One question set.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchmarkConfig {
+    /// FlashRAG JSONL (`id`, `question`, `golden_answers`; `hops` when known) or verl Parquet.
+    /// Defaults to the `world`'s questions.
+    #[serde(default)]
+    pub questions: Option<PathBuf>,
+    /// A generated world to evaluate on (another seed than the one trained on: a world never
+    /// seen), generated into its `dir` on first use; its questions and corpus are then the
+    /// defaults of `questions` and `corpus`.
+    #[serde(default)]
+    pub world: Option<WorldSection>,
+    /// Only the last `last` questions of the file (a held-out split: see `warmup`).
+    #[serde(default)]
+    pub last: Option<usize>,
+    /// At most this many questions (after `last`).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Search this corpus (Search-R1 JSONL) instead of the spec's search backend; its BM25
+    /// index is built at `index` on first use.
+    #[serde(default)]
+    pub corpus: Option<PathBuf>,
+    /// Where the corpus's index lives (default: `<corpus>.index`).
+    #[serde(default)]
+    pub index: Option<PathBuf>,
+}
+
+/// Whether the solver sees skills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalMode {
+    /// No skills in the prompt (SESA-Off).
+    MemoryOff,
+    /// The top-k skills of the bank at this step (SESA-On).
+    MemoryOn,
+}
+
+impl EvalMode {
+    fn name(self) -> &'static str {
+        match self {
+            EvalMode::MemoryOff => "memory_off",
+            EvalMode::MemoryOn => "memory_on",
+        }
+    }
+}
+
+/// The config of `evaluate`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateConfig {
+    /// Named question sets.
+    pub benchmarks: BTreeMap<String, BenchmarkConfig>,
+    /// Skills in the prompt or not.
+    #[serde(default = "memory_off")]
+    pub mode: EvalMode,
+}
+
+fn memory_off() -> EvalMode {
+    EvalMode::MemoryOff
+}
+
+/// Greedy evaluation of the solver.
+pub struct Evaluate {
+    config: EvaluateConfig,
+}
+
+struct EvalRow {
+    benchmark: String,
+    question: Question,
+    prediction: Option<String>,
+    em: f64,
+    f1: f64,
+    turns: u64,
+    searches: u64,
+    tokens: u64,
+    outcome: String,
+    policy_version: u64,
+    bank_version: u64,
+}
+
+/// The `evals` table: one row per question evaluated.
+fn evals_batch(mode: &str, rows: &[EvalRow]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .str("mode", rows.iter().map(|_| mode))
+        .str("benchmark", rows.iter().map(|r| r.benchmark.as_str()))
+        .str("question_id", rows.iter().map(|r| r.question.id.as_str()))
+        .str("question", rows.iter().map(|r| r.question.question.as_str()))
+        .strs("golden_answers", rows.iter().map(|r| r.question.golden_answers.iter().map(String::as_str)))
+        .u64("hops", rows.iter().map(|r| u64::from(r.question.hops.unwrap_or(0))))
+        .opt_str("prediction", rows.iter().map(|r| r.prediction.as_deref()))
+        .f64("em", rows.iter().map(|r| r.em))
+        .f64("f1", rows.iter().map(|r| r.f1))
+        .u64("turns", rows.iter().map(|r| r.turns))
+        .u64("searches", rows.iter().map(|r| r.searches))
+        .u64("tokens", rows.iter().map(|r| r.tokens))
+        .str("outcome", rows.iter().map(|r| r.outcome.as_str()))
+        .u64("policy_version", rows.iter().map(|r| r.policy_version))
+        .u64("bank_version", rows.iter().map(|r| r.bank_version))
+        .finish()
+}
+
+impl Evaluate {
+    /// The `evals` table's spec.
+    pub fn evals_table() -> TableSpec {
+        TableSpec::new("evals", schema_of(|| evals_batch("", &[])))
+    }
+
+    fn questions(config: &BenchmarkConfig) -> Result<Vec<Question>, StageError> {
+        if let Some(world) = &config.world {
+            world.ensure().map_err(|e| failed("generating the benchmark's world", e))?;
+        }
+        let path = match (&config.questions, &config.world) {
+            (Some(path), _) => path.clone(),
+            (None, Some(world)) => world.dir.join("questions.jsonl"),
+            (None, None) => return Err(StageError::Failed("a benchmark needs `questions:` or `world:`".into())),
+        };
+        let mut questions = load_questions(&path).map_err(|e| StageError::Failed(e.to_string()))?;
+        if let Some(last) = config.last {
+            questions.drain(..questions.len().saturating_sub(last));
+        }
+        if let Some(limit) = config.limit {
+            questions.truncate(limit);
+        }
+        Ok(questions)
+    }
+
+    fn search(config: &BenchmarkConfig, selfplay: &SelfPlay) -> Result<Arc<dyn Search>, StageError> {
+        let world_corpus = config.world.as_ref().map(|w| w.dir.join("corpus.jsonl"));
+        let Some(corpus) = config.corpus.as_ref().or(world_corpus.as_ref()) else { return Ok(selfplay.search.clone()) };
+        let index = config.index.clone().unwrap_or_else(|| corpus.with_extension("index"));
+        if !index.exists() {
+            Bm25Index::build(corpus, &index, |_| {}).map_err(|e| failed("building the benchmark's index", e))?;
+        }
+        let index = Bm25Index::open(&index).map_err(|e| failed("opening the benchmark's index", e))?;
+        Ok(Arc::new(Arc::new(index)))
+    }
+}
+
+impl Stage for Evaluate {
+    const KIND: &'static str = "evaluate";
+    const ABOUT: &'static str = "the solver's greedy exact match and F1 on question sets, memory on or off";
+    type Config = EvaluateConfig;
+
+    fn new(config: EvaluateConfig) -> Result<Self, Vec<ConfigProblem>> {
+        if config.benchmarks.is_empty() {
+            return Err(vec![ConfigProblem::new("benchmarks", "name at least one question set")]);
+        }
+        let missing: Vec<ConfigProblem> = config
+            .benchmarks
+            .iter()
+            .filter(|(_, b)| b.questions.is_none() && b.world.is_none())
+            .map(|(name, _)| ConfigProblem::new(format!("benchmarks.{name}"), "give `questions:` or `world:`"))
+            .collect();
+        if !missing.is_empty() {
+            return Err(missing);
+        }
+        Ok(Evaluate { config })
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![Evaluate::evals_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let memory = match self.config.mode {
+            EvalMode::MemoryOn => Some(cx.resource::<SkillMemory>().map_err(|_| {
+                StageError::Failed("mode `memory_on` needs a `memory:` section in the spec".into())
+            })?),
+            EvalMode::MemoryOff => None,
+        };
+        let mut rows = Vec::new();
+        let mut metrics: Vec<(String, f64)> = Vec::new();
+        for (name, benchmark) in &self.config.benchmarks {
+            let questions = Self::questions(benchmark)?;
+            let search = Self::search(benchmark, &selfplay)?;
+            let texts: Vec<&str> = questions.iter().map(|q| q.question.as_str()).collect();
+            let retrieval = match &memory {
+                Some(memory) => retrieve(memory, &texts)?,
+                None => Retrieval::none(texts.len()),
+            };
+            let episodes: Vec<Episode> = questions
+                .iter()
+                .zip(&retrieval.blocks)
+                .map(|(q, skills)| Episode {
+                    prompt: selfplay.policy.render_chat(&selfplay.templates.solver.render(&BTreeMap::from([
+                        ("question", q.question.clone()),
+                        ("skills", skills.clone()),
+                    ]))),
+                    seed: 0,
+                })
+                .collect();
+            let agent = AgentRun {
+                role: Role::Solver,
+                policy: selfplay.policy.as_ref(),
+                search: search.as_ref(),
+                top_k: selfplay.top_k,
+                limits: selfplay.agent.limits(),
+                sampling: Sampling::GREEDY,
+            };
+            let mut progress = cx.progress(episodes.len() as u64);
+            let trajectories = agent.run(&episodes).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?;
+            progress.inc(episodes.len() as u64);
+            let start = rows.len();
+            for (question, trajectory) in questions.into_iter().zip(trajectories) {
+                let prediction = match &trajectory.outcome {
+                    Outcome::Final(answer) => Some(answer.clone()),
+                    _ => None,
+                };
+                let answer = prediction.as_deref().unwrap_or_default();
+                rows.push(EvalRow {
+                    benchmark: name.clone(),
+                    em: if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 },
+                    f1: if prediction.is_some() { f1_score(answer, &question.golden_answers) } else { 0.0 },
+                    prediction,
+                    turns: trajectory.turns.len() as u64,
+                    searches: trajectory.queries().len() as u64,
+                    tokens: trajectory.generated_tokens() as u64,
+                    outcome: super::outcome_name(&trajectory.outcome),
+                    policy_version: trajectory.policy_version,
+                    bank_version: retrieval.version,
+                    question,
+                });
+            }
+            let these = &rows[start..];
+            metrics.push((format!("{name}/em"), mean(these.iter().map(|r| r.em))));
+            metrics.push((format!("{name}/f1"), mean(these.iter().map(|r| r.f1))));
+            metrics.push((format!("{name}/answered"), mean(these.iter().map(|r| f64::from(u8::from(r.prediction.is_some()))))));
+            metrics.push((format!("{name}/questions"), these.len() as f64));
+            let mut hops: Vec<u8> = these.iter().filter_map(|r| r.question.hops).collect();
+            hops.sort_unstable();
+            hops.dedup();
+            for h in hops {
+                let at = these.iter().filter(|r| r.question.hops == Some(h));
+                metrics.push((format!("{name}/hops{h}/em"), mean(at.map(|r| r.em))));
+            }
+        }
+        if !self.config.benchmarks.is_empty() {
+            let ems: Vec<f64> = metrics.iter().filter(|(m, _)| m.ends_with("/em") && m.matches('/').count() == 1).map(|(_, v)| *v).collect();
+            metrics.push(("average/em".into(), mean(ems)));
+        }
+        metrics.push(("wall_ms".into(), elapsed_ms(clock)));
+        let metric_rows: Vec<(&str, f64)> = metrics.iter().map(|(m, v)| (m.as_str(), *v)).collect();
+        Ok(Tables::new()
+            .with("evals", evals_batch(self.config.mode.name(), &rows)?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metric_rows)?))
+    }
+}

@@ -1,0 +1,329 @@
+//! `warmup`: supervised fine-tuning on demonstrations (written from a generated world, or a
+//! user's own), so that a small model follows the search protocol before self-play. The
+//! trained weights are served from the next stage on and become a policy version.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use rand::seq::SliceRandom;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table};
+use crate::columns::{Columns, schema_of};
+use crate::data::datasets::load_questions;
+use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstrations};
+use crate::selfplay::resources::{SelfPlay, Templates};
+use crate::selfplay::rules::ValidityRules;
+use crate::selfplay::training::{
+    Checkpoint, PolicyVersion, TrainState, Training, checkpoints_table, policy_versions_batch, policy_versions_table,
+};
+use crate::train::{Method, OptimizerConfig, StepReport};
+
+/// Demonstrations written from a generated world's questions.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorldDemonstrations {
+    /// The world's `questions.jsonl` (questions with their `supporting_titles`: those without
+    /// are skipped).
+    pub questions: PathBuf,
+    /// The last `held_out` questions of the file are never trained on: evaluate on them.
+    #[serde(default)]
+    pub held_out: usize,
+    /// Roles to demonstrate: `solver`, `proposer` (both by default; one shared policy).
+    #[serde(default = "both_roles")]
+    pub roles: Vec<String>,
+    /// Only questions of at most this many hops.
+    #[serde(default)]
+    pub max_hops: Option<u8>,
+    /// Questions used at most (from the start of the file), before filtering.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// The rules a proposer demonstration's question must pass (the propose stage's).
+    #[serde(default)]
+    pub rules: ValidityRules,
+}
+
+fn both_roles() -> Vec<String> {
+    vec!["solver".into(), "proposer".into()]
+}
+
+/// The config of `warmup`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupConfig {
+    /// Demonstrations written from a generated world.
+    #[serde(default)]
+    pub world: Option<WorldDemonstrations>,
+    /// A user's demonstrations: JSONL or Parquet rows with `prompt_ids`, `token_ids` and
+    /// `loss_mask` (the `rollouts` table's layout: filter an earlier run's in DuckDB).
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// Passes over the demonstrations.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Demonstrations per optimizer step (their gradients accumulate).
+    #[serde(default = "four")]
+    pub batch: usize,
+    /// AdamW and the learning-rate schedule.
+    pub optimizer: OptimizerConfig,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn four() -> usize {
+    4
+}
+
+/// The supervised warm start.
+pub struct Warmup {
+    config: WarmupConfig,
+    demonstrations: LoadOnce<Vec<Demonstration>>,
+}
+
+/// A row of `train_steps`: one micro-batch.
+struct TrainRow {
+    role: String,
+    epoch: u64,
+    optimizer_step: u64,
+    micro_batch: u64,
+    loss: f64,
+    tokens: u64,
+    trained_tokens: u64,
+    grad_norm: f64,
+    lr: f64,
+    wall_ms: f64,
+}
+
+/// The `train_steps` table: one row per micro-batch of a training stage; `loss` is the mean
+/// over its trained tokens, `grad_norm` (before clipping) and `lr` are its optimizer step's.
+fn train_steps_batch(stage: &str, rows: &[TrainRow]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .str("stage", rows.iter().map(|_| stage))
+        .str("role", rows.iter().map(|r| r.role.as_str()))
+        .u64("epoch", rows.iter().map(|r| r.epoch))
+        .u64("optimizer_step", rows.iter().map(|r| r.optimizer_step))
+        .u64("micro_batch", rows.iter().map(|r| r.micro_batch))
+        .f64("loss", rows.iter().map(|r| r.loss))
+        .u64("tokens", rows.iter().map(|r| r.tokens))
+        .u64("trained_tokens", rows.iter().map(|r| r.trained_tokens))
+        .f64("grad_norm", rows.iter().map(|r| r.grad_norm))
+        .f64("lr", rows.iter().map(|r| r.lr))
+        .f64("wall_ms", rows.iter().map(|r| r.wall_ms))
+        .finish()
+}
+
+/// The `train_steps` table's spec.
+pub fn train_steps_table() -> TableSpec {
+    TableSpec::new("train_steps", schema_of(|| train_steps_batch("", &[])))
+}
+
+impl Warmup {
+    async fn demonstrations(&self, selfplay: &SelfPlay) -> Result<Vec<Demonstration>, StageError> {
+        let mut demonstrations = Vec::new();
+        if let Some(world) = &self.config.world {
+            let questions = load_questions(&world.questions).map_err(|e| StageError::Failed(e.to_string()))?;
+            let trainable = questions.len().saturating_sub(world.held_out);
+            let used = world.limit.unwrap_or(usize::MAX).min(trainable);
+            let writer = Writer { policy: selfplay.policy.as_ref(), search: selfplay.search.as_ref(), top_k: selfplay.top_k };
+            let wants = |role: &str| world.roles.iter().any(|r| r == role);
+            let proposer = if wants("proposer") {
+                Some(Templates::require(&selfplay.templates.proposer, "proposer")?)
+            } else {
+                None
+            };
+            for question in questions[..used].iter().filter(|q| world.max_hops.is_none_or(|m| q.supporting_titles.len() <= m as usize)) {
+                if wants("solver") {
+                    demonstrations.extend(writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?);
+                }
+                if let Some(template) = proposer {
+                    demonstrations.extend(writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?);
+                }
+            }
+        }
+        if let Some(file) = &self.config.file {
+            demonstrations.extend(read_user_demonstrations(file).map_err(StageError::Failed)?);
+        }
+        if demonstrations.is_empty() {
+            return Err(StageError::Failed(
+                "no demonstrations: every world question missed a search, or the file is empty".into(),
+            ));
+        }
+        Ok(demonstrations)
+    }
+}
+
+impl Stage for Warmup {
+    const KIND: &'static str = "warmup";
+    const ABOUT: &'static str = "supervised fine-tuning on demonstrations (a generated world's, or a file of trajectories)";
+    type Config = WarmupConfig;
+
+    fn new(config: WarmupConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems: Vec<ConfigProblem> = config
+            .optimizer
+            .problems()
+            .into_iter()
+            .map(|(key, message)| ConfigProblem::new(format!("optimizer.{key}"), message))
+            .collect();
+        if config.world.is_none() && config.file.is_none() {
+            problems.push(ConfigProblem::new("world", "give `world:` or `file:` (or both): there is nothing to train on"));
+        }
+        for role in config.world.iter().flat_map(|w| &w.roles) {
+            if role != "solver" && role != "proposer" {
+                problems.push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
+            }
+        }
+        if config.epochs == 0 || config.batch == 0 {
+            problems.push(ConfigProblem::new("batch", "epochs and batch must be at least 1"));
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Warmup { config, demonstrations: LoadOnce::default() })
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        vec![train_steps_table(), policy_versions_table(), checkpoints_table(), metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay = cx.resource::<SelfPlay>()?;
+        let training = cx.resource::<Training>()?;
+        let demonstrations = match self.demonstrations.0.get() {
+            Some(loaded) => loaded.clone(),
+            None => {
+                let loaded = self.demonstrations(&selfplay).await?;
+                self.demonstrations.get(|| Ok(loaded))?
+            }
+        };
+        // The order of each epoch: shuffled by the step's seed, then each optimizer step's
+        // demonstrations grouped by role (its micro-batches then mostly hold one role).
+        let mut batches: Vec<(u64, Vec<usize>)> = Vec::new();
+        for epoch in 0..self.config.epochs as u64 {
+            let mut order: Vec<usize> = (0..demonstrations.len()).collect();
+            order.shuffle(&mut cx.rng(epoch));
+            for chunk in order.chunks(self.config.batch) {
+                let mut chunk = chunk.to_vec();
+                chunk.sort_by_key(|&i| demonstrations[i].role);
+                batches.push((epoch, chunk));
+            }
+        }
+        let state = training.take().await?;
+        let parent = state.version;
+        let optimizer = self.config.optimizer.clone();
+        let mut progress = cx.progress(batches.len() as u64);
+        let total = batches.len() as u64;
+        let demos = demonstrations.clone();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let worker = tokio::task::spawn_blocking(move || {
+            let mut state = state;
+            let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
+            for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
+                let sequences: Vec<_> = chunk.iter().map(|&i| demos[i].sequence.clone()).collect();
+                let lr = optimizer.lr_at(state.trainer.adam.step + 1, state.trainer.adam.step + total - n as u64);
+                match state.trainer.supervised_step(&sequences, &optimizer, lr) {
+                    Ok(report) => reports.push((epoch, chunk, report)),
+                    Err(e) => return (state, Err(e.to_string())),
+                }
+                let _ = tx.send(());
+            }
+            (state, Ok(reports))
+        });
+        while rx.recv().await.is_some() {
+            progress.inc(1);
+        }
+        let (mut state, reports) = worker.await.map_err(|e| failed("the training thread", e))?;
+        let reports = match reports {
+            Ok(reports) => reports,
+            Err(e) => {
+                training.put(state).await;
+                return Err(failed("training", e));
+            }
+        };
+        let mut rows = Vec::new();
+        for (epoch, chunk, report) in &reports {
+            for (m, micro) in report.micro_batches.iter().enumerate() {
+                let mut roles: Vec<&str> = chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
+                roles.dedup();
+                rows.push(TrainRow {
+                    role: roles.join("+"),
+                    epoch: *epoch,
+                    optimizer_step: report.optimizer_step,
+                    micro_batch: m as u64,
+                    loss: micro.loss / micro.scored.max(1) as f64,
+                    tokens: micro.tokens as u64,
+                    trained_tokens: micro.scored as u64,
+                    grad_norm: report.grad_norm,
+                    lr: report.lr,
+                    wall_ms: micro.wall_ms,
+                });
+            }
+        }
+        let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
+        state.version = parent + 1;
+        state.tokens_trained += tokens;
+        let train_ms = elapsed_ms(clock);
+        let (state, checkpoint, serving) = publish(&selfplay, state).await?;
+        let (sha256, bytes) = checkpoint.digest();
+        let version = PolicyVersion {
+            version: state.version,
+            parent,
+            stage: cx.stage_name().to_string(),
+            method: match training.section.method {
+                Method::Full => "full".into(),
+                Method::Lora { .. } => "lora".into(),
+            },
+            checkpoint: format!("tables/checkpoints/step={}/{}.parquet", cx.step(), cx.stage_name()),
+            sha256,
+            bytes,
+            tokens_trained: state.tokens_trained,
+        };
+        let count = |role: &str| demonstrations.iter().filter(|d| d.role == role).count() as f64;
+        let last_loss = rows.iter().rev().take(8).map(|r| r.loss).sum::<f64>() / rows.len().clamp(1, 8) as f64;
+        let metrics = [
+            ("demonstrations", demonstrations.len() as f64),
+            ("solver_demonstrations", count("solver")),
+            ("proposer_demonstrations", count("proposer")),
+            ("user_demonstrations", count("user")),
+            ("optimizer_steps", reports.len() as f64),
+            ("tokens", tokens as f64),
+            ("trained_tokens", rows.iter().map(|r| r.trained_tokens as f64).sum()),
+            ("first_loss", rows.first().map_or(0.0, |r| r.loss)),
+            ("last_loss", last_loss),
+            ("train_ms", train_ms),
+            ("serve_ms", serving),
+            ("policy_version", state.version as f64),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
+        let tables = Tables::new()
+            .with("train_steps", train_steps_batch(cx.stage_name(), &rows)?)
+            .with("policy_versions", policy_versions_batch(&[version])?)
+            .with("checkpoints", checkpoint.batch()?)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?);
+        training.put(state).await;
+        Ok(tables)
+    }
+}
+
+/// Has the policy serve the trainer's weights as its version, and takes the checkpoint.
+/// Returns the state, the checkpoint and how long serving took (ms).
+async fn publish(selfplay: &Arc<SelfPlay>, state: TrainState) -> Result<(TrainState, Checkpoint, f64), StageError> {
+    let policy = selfplay.policy.clone();
+    tokio::task::spawn_blocking(move || {
+        let clock = Instant::now();
+        let loaded = policy.load_weights(&state.trainer.model.serving_weights(), state.version);
+        let serving = elapsed_ms(clock);
+        let checkpoint = Checkpoint::of(&state);
+        loaded.map(|()| (state, checkpoint, serving))
+    })
+    .await
+    .map_err(|e| failed("serving the trained weights", e))?
+    .map_err(|e| failed("serving the trained weights", e))
+}

@@ -1,0 +1,383 @@
+//! The trainer: a differentiable llama on the CPU ([`model`]), AdamW ([`optim`]), and the
+//! optimizer step that every training stage runs ([`Trainer::step`]).
+//!
+//! A loss is given as its derivative with respect to each scored token's log-probability: a
+//! supervised loss (`−mean log p`), GRPO's clipped surrogate and REINFORCE all reduce to that,
+//! so one backward pass serves them all. Examples are packed into micro-batches of at most
+//! `micro_batch_tokens` tokens whose gradients accumulate into one optimizer step: memory is
+//! bounded by the micro-batch, whatever the batch.
+//!
+//! **Invariant:** a step is deterministic: the same weights, batch and settings give the same
+//! weights bit for bit, on any number of threads (every sum runs in an order fixed by shapes).
+
+mod gemm;
+pub mod model;
+pub mod optim;
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, Tape, TrainModel};
+pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
+use crate::weights::LlamaWeights;
+
+/// What is trained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Method {
+    /// Every weight (the default for a 135M model).
+    Full,
+    /// Low-rank adapters on some projections; the base weights stay frozen (and serve as the
+    /// reference policy).
+    Lora {
+        /// Rank of each adapter.
+        rank: usize,
+        /// Scale numerator: adapters add `alpha / rank · B·A`.
+        alpha: f32,
+        /// Projections to adapt, among `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
+        /// `up_proj`, `down_proj`.
+        #[serde(default = "all_modules")]
+        targets: Vec<String>,
+    },
+}
+
+fn all_modules() -> Vec<String> {
+    MODULES.iter().map(|m| m.to_string()).collect()
+}
+
+impl Method {
+    /// What is wrong with it, as (key, problem).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Method::Full => Vec::new(),
+            Method::Lora { rank, alpha, targets } => {
+                let mut problems = Vec::new();
+                if *rank == 0 {
+                    problems.push(("rank", "must be at least 1".to_string()));
+                }
+                if !(alpha.is_finite() && *alpha > 0.0) {
+                    problems.push(("alpha", format!("must be a positive number, got {alpha}")));
+                }
+                if targets.is_empty() {
+                    problems.push(("targets", "name at least one projection".to_string()));
+                }
+                for target in targets {
+                    if !MODULES.contains(&target.as_str()) {
+                        problems.push(("targets", format!("`{target}` is not one of {}", MODULES.join(", "))));
+                    }
+                }
+                problems
+            }
+        }
+    }
+}
+
+/// Adapters of `rank` on `targets`: A uniform in ±1/√inputs (Kaiming-like), B zero, so the
+/// adapted model starts as the base model.
+pub fn new_adapters(weights: &LlamaWeights, rank: usize, alpha: f32, targets: &[String], seed: u64) -> Adapters {
+    let s = &weights.shape;
+    let (h, kv, f) = (s.hidden, s.kv_width(), s.ffn);
+    let dims = [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)];
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let blocks = (0..s.layers)
+        .map(|_| {
+            std::array::from_fn(|m| {
+                let (inputs, outputs) = dims[m];
+                targets.iter().any(|t| t == MODULES[m]).then(|| {
+                    let bound = 1.0 / (inputs as f32).sqrt();
+                    Lora {
+                        a: (0..rank * inputs).map(|_| rng.random_range(-bound..bound)).collect(),
+                        b: vec![0.0; outputs * rank],
+                    }
+                })
+            })
+        })
+        .collect();
+    Adapters { rank, scale: alpha / rank as f32, blocks }
+}
+
+impl Adapters {
+    /// The weights with every adapter merged in (`W + scale·B·A`): what serving and export use.
+    pub fn merged(&self, base: &LlamaWeights) -> LlamaWeights {
+        let mut merged = base.clone();
+        for (block, adapters) in merged.blocks.iter_mut().zip(&self.blocks) {
+            let targets = [
+                &mut block.query,
+                &mut block.key,
+                &mut block.value,
+                &mut block.attention_out,
+                &mut block.gate,
+                &mut block.up,
+                &mut block.down,
+            ];
+            for (weight, lora) in targets.into_iter().zip(adapters) {
+                let Some(lora) = lora else { continue };
+                let inputs = lora.a.len() / self.rank;
+                let outputs = lora.b.len() / self.rank;
+                for o in 0..outputs {
+                    for r in 0..self.rank {
+                        let coefficient = self.scale * lora.b[o * self.rank + r];
+                        let row = &mut weight[o * inputs..][..inputs];
+                        row.iter_mut().zip(&lora.a[r * inputs..][..inputs]).for_each(|(w, a)| *w += coefficient * a);
+                    }
+                }
+            }
+        }
+        merged
+    }
+}
+
+/// The trained tensors of `weights`, in a fixed order.
+fn weight_tensors(weights: &LlamaWeights) -> Vec<&Vec<f32>> {
+    let mut tensors = vec![&weights.embedding, &weights.output_norm];
+    tensors.extend(weights.output.as_ref());
+    for b in &weights.blocks {
+        tensors.extend([&b.attention_norm, &b.query, &b.key, &b.value, &b.attention_out, &b.ffn_norm, &b.gate, &b.up, &b.down]);
+    }
+    tensors
+}
+
+fn weight_tensors_mut(weights: &mut LlamaWeights) -> Vec<&mut Vec<f32>> {
+    let mut tensors = vec![&mut weights.embedding, &mut weights.output_norm];
+    tensors.extend(weights.output.as_mut());
+    for b in &mut weights.blocks {
+        tensors.extend([
+            &mut b.attention_norm,
+            &mut b.query,
+            &mut b.key,
+            &mut b.value,
+            &mut b.attention_out,
+            &mut b.ffn_norm,
+            &mut b.gate,
+            &mut b.up,
+            &mut b.down,
+        ]);
+    }
+    tensors
+}
+
+fn adapter_tensors(adapters: &Adapters) -> Vec<&Vec<f32>> {
+    adapters.blocks.iter().flatten().flatten().flat_map(|l| [&l.a, &l.b]).collect()
+}
+
+fn adapter_tensors_mut(adapters: &mut Adapters) -> Vec<&mut Vec<f32>> {
+    adapters.blocks.iter_mut().flatten().flatten().flat_map(|l| [&mut l.a, &mut l.b]).collect()
+}
+
+impl TrainModel {
+    /// The trained tensors, in the optimizer's order.
+    pub fn trained(&self) -> Vec<&Vec<f32>> {
+        match &self.adapters {
+            Some(adapters) => adapter_tensors(adapters),
+            None => weight_tensors(&self.weights),
+        }
+    }
+
+    /// The trained tensors, mutable, in the optimizer's order.
+    pub fn trained_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        match &mut self.adapters {
+            Some(adapters) => adapter_tensors_mut(adapters),
+            None => weight_tensors_mut(&mut self.weights),
+        }
+    }
+
+    /// The weights a policy serves: the base weights with any adapters merged.
+    pub fn serving_weights(&self) -> LlamaWeights {
+        match &self.adapters {
+            Some(adapters) => adapters.merged(&self.weights),
+            None => self.weights.clone(),
+        }
+    }
+}
+
+impl Grads {
+    /// The gradient tensors, in the optimizer's order.
+    pub fn tensors(&self) -> Vec<&Vec<f32>> {
+        match (&self.adapters, &self.base) {
+            (Some(adapters), _) => adapter_tensors(adapters),
+            (None, Some(base)) => weight_tensors(base),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// One sequence to train on: its tokens and which of them are learned from (1) or only read
+/// (0: the prompt, retrieved passages).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSequence {
+    /// Prompt and response token ids.
+    pub tokens: Vec<u32>,
+    /// Per token: 1 when its prediction is trained.
+    pub mask: Vec<u8>,
+}
+
+impl TrainSequence {
+    /// Positions whose prediction is trained (never the first token: nothing predicts it).
+    pub fn positions(&self) -> Vec<usize> {
+        (1..self.tokens.len()).filter(|&i| self.mask.get(i).copied().unwrap_or(0) != 0).collect()
+    }
+}
+
+/// What one micro-batch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MicroBatch {
+    /// The step's sequences it holds.
+    pub sequences: std::ops::Range<usize>,
+    /// The sum of the loss values the callback returned for its sequences.
+    pub loss: f64,
+    /// Tokens run (prompt included).
+    pub tokens: usize,
+    /// Tokens scored.
+    pub scored: usize,
+    /// Forward and backward wall time.
+    pub wall_ms: f64,
+}
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The optimizer step this was (1-based, counted over the trainer's life).
+    pub optimizer_step: u64,
+    /// The micro-batches, in order.
+    pub micro_batches: Vec<MicroBatch>,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// The learning rate used.
+    pub lr: f64,
+    /// Optimizer wall time.
+    pub optimizer_ms: f64,
+}
+
+/// Splits sequences (in order) into micro-batches of at most `budget` tokens; a longer
+/// sequence is a micro-batch of its own.
+pub fn micro_batches(lengths: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    let mut tokens = 0;
+    for (i, &len) in lengths.iter().enumerate() {
+        if i > start && tokens + len > budget {
+            batches.push(start..i);
+            start = i;
+            tokens = 0;
+        }
+        tokens += len;
+    }
+    if start < lengths.len() {
+        batches.push(start..lengths.len());
+    }
+    batches
+}
+
+/// A model with the state its optimizer keeps.
+pub struct Trainer {
+    /// The model.
+    pub model: TrainModel,
+    /// The optimizer's moments.
+    pub adam: AdamW,
+    /// Tokens per micro-batch at most.
+    pub micro_batch_tokens: usize,
+}
+
+impl Trainer {
+    /// A trainer for `model`, with fresh optimizer state.
+    pub fn new(model: TrainModel, micro_batch_tokens: usize) -> Trainer {
+        let lengths: Vec<usize> = model.trained().iter().map(|t| t.len()).collect();
+        Trainer { model, adam: AdamW::new(&lengths), micro_batch_tokens: micro_batch_tokens.max(1) }
+    }
+
+    /// Log-probabilities of each sequence's masked tokens (no gradient), micro-batched.
+    pub fn logprobs(&self, sequences: &[TrainSequence], temperature: f32) -> Result<Vec<Vec<f32>>, BatchError> {
+        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+        let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+        let mut out = Vec::with_capacity(sequences.len());
+        for range in micro_batches(&lengths, self.micro_batch_tokens) {
+            let examples: Vec<Example<'_>> = range
+                .clone()
+                .map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] })
+                .collect();
+            out.extend(self.model.forward(&examples, temperature)?.logprobs);
+        }
+        Ok(out)
+    }
+
+    /// One optimizer step over `sequences`. `loss` gets a sequence's index and its scored
+    /// log-probabilities, and returns its share of the step's loss and that share's derivative
+    /// with respect to each log-probability. The learning rate is `lr`.
+    pub fn step(
+        &mut self,
+        sequences: &[TrainSequence],
+        temperature: f32,
+        optimizer: &OptimizerConfig,
+        lr: f64,
+        loss: &mut dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>),
+    ) -> Result<StepReport, BatchError> {
+        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+        let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+        let mut grads = self.model.zero_grads();
+        let mut micro = Vec::new();
+        for range in micro_batches(&lengths, self.micro_batch_tokens) {
+            let clock = Instant::now();
+            let examples: Vec<Example<'_>> = range
+                .clone()
+                .map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] })
+                .collect();
+            let tape = self.model.forward(&examples, temperature)?;
+            let mut total = 0.0;
+            let mut derivatives = Vec::with_capacity(examples.len());
+            for (i, logprobs) in range.clone().zip(&tape.logprobs) {
+                let (value, derivative) = loss(i, logprobs);
+                if derivative.len() != logprobs.len() {
+                    return Err(BatchError(format!(
+                        "the loss gave {} derivatives for {} log-probabilities",
+                        derivative.len(),
+                        logprobs.len()
+                    )));
+                }
+                total += value;
+                derivatives.push(derivative);
+            }
+            self.model.backward(&tape, &derivatives, &mut grads)?;
+            micro.push(MicroBatch {
+                sequences: range.clone(),
+                loss: total,
+                tokens: tape.rows(),
+                scored: positions[range].iter().map(Vec::len).sum(),
+                wall_ms: clock.elapsed().as_secs_f64() * 1e3,
+            });
+        }
+        let clock = Instant::now();
+        let grad_tensors = grads.tensors();
+        let grad_slices: Vec<&[f32]> = grad_tensors.iter().map(|g| g.as_slice()).collect();
+        let grad_norm = global_norm(&grad_slices);
+        let scale = if optimizer.clip_norm > 0.0 && grad_norm > optimizer.clip_norm {
+            (optimizer.clip_norm / grad_norm) as f32
+        } else {
+            1.0
+        };
+        let params: Vec<&mut [f32]> = self.model.trained_mut().into_iter().map(|p| p.as_mut_slice()).collect();
+        self.adam.update(optimizer, lr, params, grad_slices, scale);
+        Ok(StepReport { optimizer_step: self.adam.step, micro_batches: micro, grad_norm, lr, optimizer_ms: clock.elapsed().as_secs_f64() * 1e3 })
+    }
+
+    /// One supervised step: minimises the token-mean negative log-likelihood of the masked
+    /// tokens. A micro-batch's reported `loss` is its summed negative log-likelihood.
+    pub fn supervised_step(
+        &mut self,
+        sequences: &[TrainSequence],
+        optimizer: &OptimizerConfig,
+        lr: f64,
+    ) -> Result<StepReport, BatchError> {
+        let scored: usize = sequences.iter().map(|s| s.positions().len()).sum::<usize>().max(1);
+        let weight = 1.0 / scored as f32;
+        self.step(sequences, 1.0, optimizer, lr, &mut |_, logprobs| {
+            (-logprobs.iter().map(|&l| f64::from(l)).sum::<f64>(), vec![-weight; logprobs.len()])
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,739 @@
+//! The differentiable llama: a forward pass that keeps what the backward pass needs (a
+//! [`Tape`]), and the backward pass written out by hand over the same matrix products.
+//!
+//! Why by hand and not candle's autograd: candle keeps every intermediate of every op (about
+//! 8 GB for one 512-token SmolLM2 sequence) and ran a LoRA step at a third of PyTorch's speed
+//! here; a llama block's gradients are a dozen well-known formulas, each a matrix product that
+//! matrixmultiply runs near the machine's peak. The finite-difference test in `tests.rs`
+//! checks every one of them on a tiny random model.
+//!
+//! The examples of a micro-batch are packed into one matrix of rows (no padding); attention
+//! stays within each example. Logits are computed only at the positions whose log-probability
+//! is asked for: the output projection is a fifth of SmolLM2's work per token, and prompt
+//! and retrieved tokens are never trained on.
+
+use rayon::prelude::*;
+
+use super::gemm::{Out, View, gemm, gemm_serial};
+use crate::weights::{LlamaShape, LlamaWeights};
+
+/// The projections LoRA can adapt, in a block's order.
+pub const MODULES: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// A low-rank adapter of one projection: `W + scale · B·A`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lora {
+    /// `rank × inputs`.
+    pub a: Vec<f32>,
+    /// `outputs × rank`.
+    pub b: Vec<f32>,
+}
+
+/// The adapters of a model: per block, one optional adapter per projection of [`MODULES`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adapters {
+    /// Rank of every adapter.
+    pub rank: usize,
+    /// `alpha / rank`.
+    pub scale: f32,
+    /// `blocks × 7`.
+    pub blocks: Vec<[Option<Lora>; 7]>,
+}
+
+/// A model being trained: its weights and, with LoRA, the adapters (then the weights stay
+/// frozen).
+pub struct TrainModel {
+    /// The base weights (trained in full fine-tuning).
+    pub weights: LlamaWeights,
+    /// LoRA adapters, the only trained parameters when present.
+    pub adapters: Option<Adapters>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// Gradients, shaped like what is trained.
+pub struct Grads {
+    /// Of the base weights (full fine-tuning).
+    pub base: Option<LlamaWeights>,
+    /// Of the adapters (LoRA).
+    pub adapters: Option<Adapters>,
+}
+
+/// One sequence to score: `tokens[p]` is predicted from `tokens[..p]` at each of `positions`.
+pub struct Example<'a> {
+    /// The whole sequence, prompt included.
+    pub tokens: &'a [u32],
+    /// Positions (≥ 1, increasing) whose token's log-probability is computed.
+    pub positions: &'a [usize],
+}
+
+/// Why a batch cannot be run.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BatchError(pub String);
+
+/// A projection's dimensions and adapter, for one block.
+struct Projection<'a> {
+    weight: &'a [f32],
+    inputs: usize,
+    outputs: usize,
+    lora: Option<&'a Lora>,
+}
+
+struct LayerTape {
+    /// Block input, its RMS scales and normed rows.
+    x: Vec<f32>,
+    scale1: Vec<f32>,
+    normed1: Vec<f32>,
+    /// Queries and keys after RoPE, values.
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Attention probabilities: per example, per head, `len × len`.
+    probs: Vec<f32>,
+    attended: Vec<f32>,
+    x2: Vec<f32>,
+    scale2: Vec<f32>,
+    normed2: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    activated: Vec<f32>,
+    /// `x·Aᵀ` of each adapted projection, by module.
+    lora_inputs: [Vec<f32>; 7],
+}
+
+/// What the forward pass keeps for the backward pass.
+pub struct Tape {
+    tokens: Vec<u32>,
+    /// Start row and length of each example.
+    segments: Vec<(usize, usize)>,
+    /// Row position of each row within its example.
+    positions: Vec<usize>,
+    layers: Vec<LayerTape>,
+    final_x: Vec<f32>,
+    final_scale: Vec<f32>,
+    /// Rows whose next token is scored, their target tokens and normed states.
+    scored_rows: Vec<usize>,
+    scored_targets: Vec<u32>,
+    scored_normed: Vec<f32>,
+    /// Softmax of the scored rows' (temperature-scaled) logits.
+    softmax: Vec<f32>,
+    temperature: f32,
+    /// Log-probabilities, per example, at its positions.
+    pub logprobs: Vec<Vec<f32>>,
+}
+
+impl Tape {
+    /// Rows (tokens) in the micro-batch.
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+impl TrainModel {
+    /// A model to train from `weights` (full fine-tuning unless adapters are added).
+    pub fn new(weights: LlamaWeights) -> TrainModel {
+        let (cos, sin) = weights.shape.rope_tables();
+        TrainModel { weights, adapters: None, cos, sin }
+    }
+
+    /// The shapes.
+    pub fn shape(&self) -> &LlamaShape {
+        &self.weights.shape
+    }
+
+    /// Zero gradients for what is trained.
+    pub fn zero_grads(&self) -> Grads {
+        match &self.adapters {
+            Some(adapters) => Grads {
+                base: None,
+                adapters: Some(Adapters {
+                    blocks: adapters
+                        .blocks
+                        .iter()
+                        .map(|block| {
+                            block.clone().map(|lora| {
+                                lora.map(|l| Lora { a: vec![0.0; l.a.len()], b: vec![0.0; l.b.len()] })
+                            })
+                        })
+                        .collect(),
+                    ..adapters.clone()
+                }),
+            },
+            None => Grads { base: Some(zeros_like(&self.weights)), adapters: None },
+        }
+    }
+
+    fn projections(&self, layer: usize) -> [Projection<'_>; 7] {
+        let s = self.shape();
+        let b = &self.weights.blocks[layer];
+        let lora = |m: usize| self.adapters.as_ref().and_then(|a| a.blocks[layer][m].as_ref());
+        let (h, kv, f) = (s.hidden, s.kv_width(), s.ffn);
+        [
+            Projection { weight: &b.query, inputs: h, outputs: h, lora: lora(0) },
+            Projection { weight: &b.key, inputs: h, outputs: kv, lora: lora(1) },
+            Projection { weight: &b.value, inputs: h, outputs: kv, lora: lora(2) },
+            Projection { weight: &b.attention_out, inputs: h, outputs: h, lora: lora(3) },
+            Projection { weight: &b.gate, inputs: h, outputs: f, lora: lora(4) },
+            Projection { weight: &b.up, inputs: h, outputs: f, lora: lora(5) },
+            Projection { weight: &b.down, inputs: f, outputs: h, lora: lora(6) },
+        ]
+    }
+
+    fn scale(&self) -> f32 {
+        self.adapters.as_ref().map_or(0.0, |a| a.scale)
+    }
+
+    /// Runs `examples` packed into one micro-batch and keeps the tape; log-probabilities are
+    /// those of the logits divided by `temperature` (the sampling distribution's).
+    pub fn forward(&self, examples: &[Example<'_>], temperature: f32) -> Result<Tape, BatchError> {
+        let s = self.shape().clone();
+        let (hidden, kv_width, ffn, vocabulary) = (s.hidden, s.kv_width(), s.ffn, s.vocabulary);
+        let mut tokens = Vec::new();
+        let mut segments = Vec::new();
+        let mut positions = Vec::new();
+        let mut scored_rows = Vec::new();
+        let mut scored_targets = Vec::new();
+        for (e, example) in examples.iter().enumerate() {
+            let start = tokens.len();
+            if example.tokens.len() > s.context {
+                return Err(BatchError(format!(
+                    "example {e}: {} tokens exceed the model's context of {}",
+                    example.tokens.len(),
+                    s.context
+                )));
+            }
+            if let Some(&bad) = example.tokens.iter().find(|&&t| t as usize >= vocabulary) {
+                return Err(BatchError(format!("example {e}: token id {bad} outside the vocabulary of {vocabulary}")));
+            }
+            let mut previous = 0;
+            for &p in example.positions {
+                if p == 0 || p >= example.tokens.len() || p <= previous && previous > 0 {
+                    return Err(BatchError(format!(
+                        "example {e}: position {p} is not an increasing position in 1..{}",
+                        example.tokens.len()
+                    )));
+                }
+                previous = p;
+                scored_rows.push(start + p - 1);
+                scored_targets.push(example.tokens[p]);
+            }
+            tokens.extend_from_slice(example.tokens);
+            positions.extend(0..example.tokens.len());
+            segments.push((start, example.tokens.len()));
+        }
+        let n = tokens.len();
+        let mut x = Vec::with_capacity(n * hidden);
+        for &t in &tokens {
+            x.extend_from_slice(&self.weights.embedding[t as usize * hidden..][..hidden]);
+        }
+        let mut layers = Vec::with_capacity(s.layers);
+        for l in 0..s.layers {
+            let block = &self.weights.blocks[l];
+            let [pq, pk, pv, po, pg, pu, pd] = self.projections(l);
+            let mut lora_inputs: [Vec<f32>; 7] = Default::default();
+            let (scale1, normed1) = rms_norm(&x, &block.attention_norm, s.eps);
+            let mut q = self.project(&pq, &normed1, n, &mut lora_inputs[0]);
+            let mut k = self.project(&pk, &normed1, n, &mut lora_inputs[1]);
+            let v = self.project(&pv, &normed1, n, &mut lora_inputs[2]);
+            self.rotate(&mut q, &positions, s.heads, false);
+            self.rotate(&mut k, &positions, s.kv_heads, false);
+            let (probs, attended) = self.attention(&q, &k, &v, &segments);
+            let o = self.project(&po, &attended, n, &mut lora_inputs[3]);
+            let x2: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+            let (scale2, normed2) = rms_norm(&x2, &block.ffn_norm, s.eps);
+            let gate = self.project(&pg, &normed2, n, &mut lora_inputs[4]);
+            let up = self.project(&pu, &normed2, n, &mut lora_inputs[5]);
+            let activated: Vec<f32> = gate.par_iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+            let down = self.project(&pd, &activated, n, &mut lora_inputs[6]);
+            let next: Vec<f32> = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
+            debug_assert_eq!(activated.len(), n * ffn);
+            debug_assert_eq!(k.len(), n * kv_width);
+            layers.push(LayerTape {
+                x: std::mem::replace(&mut x, next),
+                scale1,
+                normed1,
+                q,
+                k,
+                v,
+                probs,
+                attended,
+                x2,
+                scale2,
+                normed2,
+                gate,
+                up,
+                activated,
+                lora_inputs,
+            });
+        }
+        let (final_scale, final_normed) = rms_norm(&x, &self.weights.output_norm, s.eps);
+        let m = scored_rows.len();
+        let mut scored_normed = Vec::with_capacity(m * hidden);
+        for &r in &scored_rows {
+            scored_normed.extend_from_slice(&final_normed[r * hidden..][..hidden]);
+        }
+        let mut softmax = vec![0.0f32; m * vocabulary];
+        let output = self.weights.output_matrix();
+        gemm(
+            m,
+            hidden,
+            vocabulary,
+            View::rows(&scored_normed, hidden),
+            View::transposed(output, hidden),
+            0.0,
+            Out::rows(&mut softmax, vocabulary),
+        );
+        let mut scored_logprobs = vec![0.0f32; m];
+        softmax.par_chunks_mut(vocabulary).zip(scored_logprobs.par_iter_mut()).zip(&scored_targets).for_each(
+            |((row, logprob), &target)| {
+                row.iter_mut().for_each(|z| *z /= temperature);
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|z| (z - max).exp()).sum();
+                let log_sum = max + sum.ln();
+                *logprob = row[target as usize] - log_sum;
+                row.iter_mut().for_each(|z| *z = (*z - log_sum).exp());
+            },
+        );
+        let mut logprobs = Vec::with_capacity(examples.len());
+        let mut taken = 0;
+        for example in examples {
+            logprobs.push(scored_logprobs[taken..taken + example.positions.len()].to_vec());
+            taken += example.positions.len();
+        }
+        Ok(Tape {
+            tokens,
+            segments,
+            positions,
+            layers,
+            final_x: x,
+            final_scale,
+            scored_rows,
+            scored_targets,
+            scored_normed,
+            softmax,
+            temperature,
+            logprobs,
+        })
+    }
+
+    /// `x·Wᵀ (+ scale·(x·Aᵀ)·Bᵀ)`, keeping `x·Aᵀ` in `lora_input`.
+    fn project(&self, p: &Projection<'_>, x: &[f32], n: usize, lora_input: &mut Vec<f32>) -> Vec<f32> {
+        let mut y = vec![0.0f32; n * p.outputs];
+        gemm(
+            n,
+            p.inputs,
+            p.outputs,
+            View::rows(x, p.inputs),
+            View::transposed(p.weight, p.inputs),
+            0.0,
+            Out::rows(&mut y, p.outputs),
+        );
+        if let Some(lora) = p.lora {
+            let rank = lora.a.len() / p.inputs;
+            let mut xa = vec![0.0f32; n * rank];
+            gemm(n, p.inputs, rank, View::rows(x, p.inputs), View::transposed(&lora.a, p.inputs), 0.0, Out::rows(&mut xa, rank));
+            let scaled: Vec<f32> = xa.iter().map(|v| v * self.scale()).collect();
+            gemm(n, rank, p.outputs, View::rows(&scaled, rank), View::transposed(&lora.b, rank), 1.0, Out::rows(&mut y, p.outputs));
+            *lora_input = xa;
+        }
+        y
+    }
+
+    /// Backward of [`Self::project`]: adds `dy·W (+ scale·dy·B·A)` to `dx` and the weight's
+    /// (or the adapter's) gradient to `grad`.
+    #[allow(clippy::too_many_arguments)]
+    fn project_back(
+        &self,
+        p: &Projection<'_>,
+        x: &[f32],
+        lora_input: &[f32],
+        dy: &[f32],
+        n: usize,
+        dx: &mut [f32],
+        weight_grad: Option<&mut Vec<f32>>,
+        lora_grad: Option<&mut Lora>,
+    ) {
+        gemm(n, p.outputs, p.inputs, View::rows(dy, p.outputs), View::rows(p.weight, p.inputs), 1.0, Out::rows(dx, p.inputs));
+        if let Some(grad) = weight_grad {
+            gemm(
+                p.outputs,
+                n,
+                p.inputs,
+                View::transposed(dy, p.outputs),
+                View::rows(x, p.inputs),
+                1.0,
+                Out::rows(grad, p.inputs),
+            );
+        }
+        if let (Some(lora), Some(grad)) = (p.lora, lora_grad) {
+            let rank = lora.a.len() / p.inputs;
+            let scale = self.scale();
+            // dB += scale · dyᵀ·(x·Aᵀ); d(x·Aᵀ) = scale · dy·B; dA += d(x·Aᵀ)ᵀ·x; dx += d(x·Aᵀ)·A.
+            let scaled: Vec<f32> = lora_input.iter().map(|v| v * scale).collect();
+            gemm(p.outputs, n, rank, View::transposed(dy, p.outputs), View::rows(&scaled, rank), 1.0, Out::rows(&mut grad.b, rank));
+            let mut dxa = vec![0.0f32; n * rank];
+            gemm(n, p.outputs, rank, View::rows(dy, p.outputs), View::rows(&lora.b, rank), 0.0, Out::rows(&mut dxa, rank));
+            dxa.iter_mut().for_each(|v| *v *= scale);
+            gemm(rank, n, p.inputs, View::transposed(&dxa, rank), View::rows(x, p.inputs), 1.0, Out::rows(&mut grad.a, p.inputs));
+            gemm(n, rank, p.inputs, View::rows(&dxa, rank), View::rows(&lora.a, p.inputs), 1.0, Out::rows(dx, p.inputs));
+        }
+    }
+
+    /// Rotates the pairs `(2i, 2i+1)` of every head by the row's position (backwards: by minus
+    /// that angle, which is the transpose of the rotation).
+    fn rotate(&self, x: &mut [f32], positions: &[usize], heads: usize, backwards: bool) {
+        let head_dim = self.shape().head_dim;
+        let half = head_dim / 2;
+        let sign = if backwards { -1.0 } else { 1.0 };
+        x.par_chunks_mut(heads * head_dim).zip(positions).for_each(|(row, &position)| {
+            let (cos, sin) = (&self.cos[position * half..][..half], &self.sin[position * half..][..half]);
+            for head in row.chunks_exact_mut(head_dim) {
+                for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (a, b, s) = (pair[0], pair[1], sign * sin[i]);
+                    pair[0] = a * cos[i] - b * s;
+                    pair[1] = a * s + b * cos[i];
+                }
+            }
+        });
+    }
+
+    /// Causal attention within each example: the probabilities (per example, per head) and
+    /// the attended values.
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], segments: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+        let s = self.shape();
+        let (hidden, kv_width, head_dim, heads) = (s.hidden, s.kv_width(), s.head_dim, s.heads);
+        let group = heads / s.kv_heads;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let offsets = prob_offsets(segments, heads);
+        let mut probs = vec![0.0f32; offsets.last().copied().unwrap_or(0)];
+        let mut attended = vec![0.0f32; q.len()];
+        let probs_ptr = SharedMut(probs.as_mut_ptr());
+        let attended_ptr = SharedMut(attended.as_mut_ptr());
+        let (probs_len, attended_len) = (probs.len(), attended.len());
+        let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
+        jobs.par_iter().for_each(|&(e, head)| {
+            let (start, len) = segments[e];
+            let kv_offset = (head / group) * head_dim;
+            // SAFETY: each job writes its own example's head block of `probs` and its own
+            // (rows, head columns) of `attended`.
+            let p = unsafe { std::slice::from_raw_parts_mut(probs_ptr.get(), probs_len) };
+            let out = unsafe { std::slice::from_raw_parts_mut(attended_ptr.get(), attended_len) };
+            let block = &mut p[offsets[e * heads + head]..][..len * len];
+            gemm_serial(
+                len,
+                head_dim,
+                len,
+                View::rows(q, hidden).at(start * hidden + head * head_dim),
+                View::transposed(k, kv_width).at(start * kv_width + kv_offset),
+                0.0,
+                Out::rows(block, len),
+            );
+            for (i, row) in block.chunks_exact_mut(len).enumerate() {
+                let visible = &mut row[..=i];
+                let max = visible.iter().map(|z| z * scale).fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                for z in visible.iter_mut() {
+                    *z = (*z * scale - max).exp();
+                    sum += *z;
+                }
+                visible.iter_mut().for_each(|z| *z /= sum);
+                row[i + 1..].iter_mut().for_each(|z| *z = 0.0);
+            }
+            gemm_serial(
+                len,
+                len,
+                head_dim,
+                View::rows(block, len),
+                View::rows(v, kv_width).at(start * kv_width + kv_offset),
+                0.0,
+                Out { data: out, offset: start * hidden + head * head_dim, row: hidden },
+            );
+        });
+        (probs, attended)
+    }
+
+    /// Adds to `grads` the gradient of `Σ dlogp[e][i] · logprob[e][i]`: the loss's derivative
+    /// with respect to each scored log-probability is all a loss needs to give.
+    pub fn backward(&self, tape: &Tape, dlogp: &[Vec<f32>], grads: &mut Grads) -> Result<(), BatchError> {
+        let s = self.shape().clone();
+        let (hidden, kv_width, vocabulary) = (s.hidden, s.kv_width(), s.vocabulary);
+        if dlogp.len() != tape.logprobs.len() || dlogp.iter().zip(&tape.logprobs).any(|(d, l)| d.len() != l.len()) {
+            return Err(BatchError("one loss derivative per scored position is needed".into()));
+        }
+        let n = tape.rows();
+        let m = tape.scored_rows.len();
+        let coefficients: Vec<f32> = dlogp.iter().flatten().copied().collect();
+        // d(logit_j) = dlogp · (1[j = target] − p_j) / temperature.
+        let mut dlogits = tape.softmax.clone();
+        dlogits.par_chunks_mut(vocabulary).zip(&coefficients).zip(&tape.scored_targets).for_each(
+            |((row, &c), &target)| {
+                let c = c / tape.temperature;
+                row.iter_mut().for_each(|p| *p *= -c);
+                row[target as usize] += c;
+            },
+        );
+        let output = self.weights.output_matrix();
+        let mut dscored = vec![0.0f32; m * hidden];
+        gemm(m, vocabulary, hidden, View::rows(&dlogits, vocabulary), View::rows(output, hidden), 0.0, Out::rows(&mut dscored, hidden));
+        if let Some(base) = grads.base.as_mut() {
+            let target = match base.output.as_mut() {
+                Some(output) => output,
+                None => &mut base.embedding,
+            };
+            gemm(
+                vocabulary,
+                m,
+                hidden,
+                View::transposed(&dlogits, vocabulary),
+                View::rows(&tape.scored_normed, hidden),
+                1.0,
+                Out::rows(target, hidden),
+            );
+        }
+        drop(dlogits);
+        let mut dnormed = vec![0.0f32; n * hidden];
+        for (i, &r) in tape.scored_rows.iter().enumerate() {
+            dnormed[r * hidden..][..hidden].copy_from_slice(&dscored[i * hidden..][..hidden]);
+        }
+        let mut dx = vec![0.0f32; n * hidden];
+        let output_norm_grad = grads.base.as_mut().map(|b| &mut b.output_norm);
+        rms_norm_back(&tape.final_x, &tape.final_scale, &self.weights.output_norm, &dnormed, &mut dx, output_norm_grad);
+
+        for l in (0..s.layers).rev() {
+            let t = &tape.layers[l];
+            let block = &self.weights.blocks[l];
+            let projections = self.projections(l);
+            let [pq, pk, pv, po, pg, pu, pd] = &projections;
+            let mut base_grad = grads.base.as_mut().map(|b| &mut b.blocks[l]);
+            let mut lora_grad = grads.adapters.as_mut().map(|a| &mut a.blocks[l]);
+            macro_rules! lora {
+                ($m:expr) => {
+                    lora_grad.as_mut().and_then(|g| g[$m].as_mut())
+                };
+            }
+            // Feed-forward: x_next = x2 + down(silu(gate) · up).
+            let ffn = s.ffn;
+            let mut dactivated = vec![0.0f32; n * ffn];
+            self.project_back(
+                pd,
+                &t.activated,
+                &t.lora_inputs[6],
+                &dx,
+                n,
+                &mut dactivated,
+                base_grad.as_mut().map(|b| &mut b.down),
+                lora!(6),
+            );
+            let mut dgate = vec![0.0f32; n * ffn];
+            let mut dup = vec![0.0f32; n * ffn];
+            dgate.par_iter_mut().zip(dup.par_iter_mut()).enumerate().for_each(|(i, (dg, du))| {
+                let (g, u, da) = (t.gate[i], t.up[i], dactivated[i]);
+                let sigmoid = 1.0 / (1.0 + (-g).exp());
+                *du = da * g * sigmoid;
+                *dg = da * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
+            });
+            drop(dactivated);
+            let mut dnormed2 = vec![0.0f32; n * hidden];
+            self.project_back(pg, &t.normed2, &t.lora_inputs[4], &dgate, n, &mut dnormed2, base_grad.as_mut().map(|b| &mut b.gate), lora!(4));
+            self.project_back(pu, &t.normed2, &t.lora_inputs[5], &dup, n, &mut dnormed2, base_grad.as_mut().map(|b| &mut b.up), lora!(5));
+            drop((dgate, dup));
+            // dx2 = dx + the norm's backward.
+            let mut dx2 = dx;
+            rms_norm_back(&t.x2, &t.scale2, &block.ffn_norm, &dnormed2, &mut dx2, base_grad.as_mut().map(|b| &mut b.ffn_norm));
+            // Attention: x2 = x + out(attention(rope(q), rope(k), v)).
+            let mut dattended = vec![0.0f32; n * hidden];
+            self.project_back(
+                po,
+                &t.attended,
+                &t.lora_inputs[3],
+                &dx2,
+                n,
+                &mut dattended,
+                base_grad.as_mut().map(|b| &mut b.attention_out),
+                lora!(3),
+            );
+            let (mut dq, mut dk, dv) = self.attention_back(t, &dattended, &tape.segments);
+            self.rotate(&mut dq, &tape.positions, s.heads, true);
+            self.rotate(&mut dk, &tape.positions, s.kv_heads, true);
+            let mut dnormed1 = vec![0.0f32; n * hidden];
+            self.project_back(pq, &t.normed1, &t.lora_inputs[0], &dq, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.query), lora!(0));
+            self.project_back(pk, &t.normed1, &t.lora_inputs[1], &dk, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.key), lora!(1));
+            self.project_back(pv, &t.normed1, &t.lora_inputs[2], &dv, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.value), lora!(2));
+            debug_assert_eq!(dk.len(), n * kv_width);
+            dx = dx2;
+            rms_norm_back(&t.x, &t.scale1, &block.attention_norm, &dnormed1, &mut dx, base_grad.as_mut().map(|b| &mut b.attention_norm));
+        }
+        if let Some(base) = grads.base.as_mut() {
+            for (row, &token) in dx.chunks_exact(hidden).zip(&tape.tokens) {
+                let target = &mut base.embedding[token as usize * hidden..][..hidden];
+                target.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gradients of queries, keys and values from the gradient of the attended values.
+    fn attention_back(&self, t: &LayerTape, dattended: &[f32], segments: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let s = self.shape();
+        let (hidden, kv_width, head_dim, heads) = (s.hidden, s.kv_width(), s.head_dim, s.heads);
+        let group = heads / s.kv_heads;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let offsets = prob_offsets(segments, heads);
+        let mut dq = vec![0.0f32; t.q.len()];
+        let mut dk = vec![0.0f32; t.k.len()];
+        let mut dv = vec![0.0f32; t.v.len()];
+        let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
+        let (q_len, kv_len) = (dq.len(), dk.len());
+        // One job per example and key/value head: the heads of its group add into the same keys.
+        let jobs: Vec<(usize, usize)> =
+            (0..segments.len()).flat_map(|e| (0..s.kv_heads).map(move |g| (e, g))).collect();
+        jobs.par_iter().for_each_init(Vec::new, |dscores, &(e, kv_head)| {
+            let (start, len) = segments[e];
+            let kv_offset = kv_head * head_dim;
+            // SAFETY: each job writes its own example's rows of its own head columns.
+            let dq = unsafe { std::slice::from_raw_parts_mut(dq_ptr.get(), q_len) };
+            let dk = unsafe { std::slice::from_raw_parts_mut(dk_ptr.get(), kv_len) };
+            let dv = unsafe { std::slice::from_raw_parts_mut(dv_ptr.get(), kv_len) };
+            for head in kv_head * group..(kv_head + 1) * group {
+                let probs = &t.probs[offsets[e * heads + head]..][..len * len];
+                let q_at = start * hidden + head * head_dim;
+                let kv_at = start * kv_width + kv_offset;
+                // dV += Pᵀ·dO.
+                gemm_serial(
+                    len,
+                    len,
+                    head_dim,
+                    View::transposed(probs, len),
+                    View::rows(dattended, hidden).at(q_at),
+                    1.0,
+                    Out { data: &mut *dv, offset: kv_at, row: kv_width },
+                );
+                // dP = dO·Vᵀ, then dS = P ∘ (dP − rowsum(dP ∘ P)), times the score scale.
+                dscores.resize(len * len, 0.0);
+                gemm_serial(
+                    len,
+                    head_dim,
+                    len,
+                    View::rows(dattended, hidden).at(q_at),
+                    View::transposed(&t.v, kv_width).at(kv_at),
+                    0.0,
+                    Out::rows(dscores, len),
+                );
+                for (i, (drow, prow)) in dscores.chunks_exact_mut(len).zip(probs.chunks_exact(len)).enumerate() {
+                    let dot: f32 = drow[..=i].iter().zip(&prow[..=i]).map(|(d, p)| d * p).sum();
+                    for (d, p) in drow[..=i].iter_mut().zip(&prow[..=i]) {
+                        *d = p * (*d - dot) * scale;
+                    }
+                    drow[i + 1..].iter_mut().for_each(|d| *d = 0.0);
+                }
+                // dQ = dS·K; dK += dSᵀ·Q.
+                gemm_serial(
+                    len,
+                    len,
+                    head_dim,
+                    View::rows(dscores, len),
+                    View::rows(&t.k, kv_width).at(kv_at),
+                    0.0,
+                    Out { data: &mut *dq, offset: q_at, row: hidden },
+                );
+                gemm_serial(
+                    len,
+                    len,
+                    head_dim,
+                    View::transposed(dscores, len),
+                    View::rows(&t.q, hidden).at(q_at),
+                    1.0,
+                    Out { data: &mut *dk, offset: kv_at, row: kv_width },
+                );
+            }
+        });
+        (dq, dk, dv)
+    }
+}
+
+/// Where each (example, head) block of attention probabilities starts, and the total at the end.
+fn prob_offsets(segments: &[(usize, usize)], heads: usize) -> Vec<usize> {
+    let mut offsets = vec![0];
+    for &(_, len) in segments {
+        for _ in 0..heads {
+            offsets.push(offsets.last().copied().unwrap_or(0) + len * len);
+        }
+    }
+    offsets
+}
+
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+impl SharedMut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: jobs write disjoint elements (see the uses).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Each row's `1/rms` and the normed rows times `weight`.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let width = weight.len();
+    let mut out = vec![0.0f32; x.len()];
+    let mut scales = vec![0.0f32; x.len() / width];
+    out.par_chunks_mut(width).zip(x.par_chunks(width)).zip(scales.par_iter_mut()).for_each(|((out, row), scale)| {
+        let mean_square = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
+        *scale = 1.0 / (mean_square + eps).sqrt();
+        out.iter_mut().zip(row.iter().zip(weight)).for_each(|(o, (v, w))| *o = v * *scale * w);
+    });
+    (scales, out)
+}
+
+/// Adds the input gradient of [`rms_norm`] to `dx` and, when asked, the weight's to `dweight`.
+fn rms_norm_back(x: &[f32], scales: &[f32], weight: &[f32], dy: &[f32], dx: &mut [f32], dweight: Option<&mut Vec<f32>>) {
+    let width = weight.len();
+    dx.par_chunks_mut(width).zip(x.par_chunks(width)).zip(dy.par_chunks(width)).zip(scales).for_each(
+        |(((dx, x), dy), &s)| {
+            // y = x·s·w with s = (mean(x²) + eps)^(-1/2): dx = s·w·dy − x·s³/width · Σ dy·w·x.
+            let dot: f32 = dy.iter().zip(weight).zip(x).map(|((d, w), v)| d * w * v).sum();
+            let k = s * s * s * dot / width as f32;
+            for ((g, (d, w)), v) in dx.iter_mut().zip(dy.iter().zip(weight)).zip(x) {
+                *g += s * w * d - v * k;
+            }
+        },
+    );
+    if let Some(dweight) = dweight {
+        for ((x, dy), &s) in x.chunks_exact(width).zip(dy.chunks_exact(width)).zip(scales) {
+            for ((g, d), v) in dweight.iter_mut().zip(dy).zip(x) {
+                *g += d * v * s;
+            }
+        }
+    }
+}
+
+fn zeros_like(weights: &LlamaWeights) -> LlamaWeights {
+    let zero = |v: &Vec<f32>| vec![0.0f32; v.len()];
+    LlamaWeights {
+        shape: weights.shape.clone(),
+        embedding: zero(&weights.embedding),
+        blocks: weights
+            .blocks
+            .iter()
+            .map(|b| crate::weights::BlockWeights {
+                attention_norm: zero(&b.attention_norm),
+                query: zero(&b.query),
+                key: zero(&b.key),
+                value: zero(&b.value),
+                attention_out: zero(&b.attention_out),
+                ffn_norm: zero(&b.ffn_norm),
+                gate: zero(&b.gate),
+                up: zero(&b.up),
+                down: zero(&b.down),
+            })
+            .collect(),
+        output_norm: zero(&weights.output_norm),
+        output: weights.output.as_ref().map(zero),
+    }
+}

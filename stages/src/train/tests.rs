@@ -1,0 +1,186 @@
+use super::*;
+use crate::weights::testing::{random, tiny_shape};
+
+/// Two examples packed in one micro-batch, scored at some positions each.
+const TOKENS_A: [u32; 7] = [1, 5, 9, 3, 3, 14, 2];
+const TOKENS_B: [u32; 5] = [4, 0, 11, 7, 15];
+const POSITIONS_A: [usize; 4] = [1, 3, 4, 6];
+const POSITIONS_B: [usize; 3] = [2, 3, 4];
+/// The loss's derivative per scored log-probability: any numbers will do.
+const COEFFICIENTS: [f32; 7] = [0.7, -1.3, 0.4, 1.1, -0.2, 0.9, -0.6];
+
+fn examples() -> [Example<'static>; 2] {
+    [Example { tokens: &TOKENS_A, positions: &POSITIONS_A }, Example { tokens: &TOKENS_B, positions: &POSITIONS_B }]
+}
+
+fn loss(model: &TrainModel) -> f64 {
+    let tape = model.forward(&examples(), 0.7).unwrap();
+    tape.logprobs.iter().flatten().zip(COEFFICIENTS).map(|(&l, c)| f64::from(l) * f64::from(c)).sum()
+}
+
+fn gradient(model: &TrainModel) -> Grads {
+    let tape = model.forward(&examples(), 0.7).unwrap();
+    let dlogp = vec![COEFFICIENTS[..4].to_vec(), COEFFICIENTS[4..].to_vec()];
+    let mut grads = model.zero_grads();
+    model.backward(&tape, &dlogp, &mut grads).unwrap();
+    grads
+}
+
+/// Compares each tensor's gradient with central finite differences along the gradient's own
+/// direction on a few coordinates.
+fn check_gradients(model: &mut TrainModel, names: &[&str]) {
+    let grads = gradient(model);
+    let analytic: Vec<Vec<f32>> = grads.tensors().into_iter().cloned().collect();
+    assert_eq!(analytic.len(), names.len(), "one name per trained tensor");
+    for (t, grad) in analytic.iter().enumerate() {
+        let norm: f64 = grad.iter().map(|&g| f64::from(g) * f64::from(g)).sum::<f64>().sqrt();
+        assert!(norm > 1e-6, "{}: the gradient is zero", names[t]);
+        // Along the gradient direction: the derivative there is the gradient's norm.
+        let h = 1e-2 / norm.max(1.0);
+        let shift = |model: &mut TrainModel, sign: f64| {
+            let tensor = &mut model.trained_mut()[t];
+            tensor.iter_mut().zip(grad).for_each(|(w, g)| *w += (sign * h * f64::from(*g)) as f32);
+        };
+        shift(model, 1.0);
+        let plus = loss(model);
+        shift(model, -2.0);
+        let minus = loss(model);
+        shift(model, 1.0);
+        let numeric = (plus - minus) / (2.0 * h);
+        let expected = norm * norm;
+        assert!(
+            (numeric - expected).abs() <= 2e-3 * expected + 1e-6,
+            "{}: finite differences give {numeric}, the backward pass {expected}",
+            names[t]
+        );
+    }
+}
+
+fn weight_names(blocks: usize, untied: bool) -> Vec<String> {
+    let mut names = vec!["embedding".to_string(), "output_norm".to_string()];
+    if untied {
+        names.push("output".into());
+    }
+    for b in 0..blocks {
+        for part in ["attention_norm", "query", "key", "value", "attention_out", "ffn_norm", "gate", "up", "down"] {
+            names.push(format!("block {b} {part}"));
+        }
+    }
+    names
+}
+
+#[test]
+fn every_weight_gradient_matches_finite_differences() {
+    for tied in [true, false] {
+        let mut model = TrainModel::new(random(tiny_shape(), tied, 7));
+        let names = weight_names(2, !tied);
+        check_gradients(&mut model, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn every_adapter_gradient_matches_finite_differences() {
+    let weights = random(tiny_shape(), true, 8);
+    let mut adapters = new_adapters(&weights, 2, 4.0, &all_modules(), 9);
+    // B starts at zero (so the adapted model is the base model); make it non-zero to check A.
+    for lora in adapters.blocks.iter_mut().flatten().flatten() {
+        lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 5) as f32 - 2.0) * 0.1);
+    }
+    let mut model = TrainModel::new(weights);
+    model.adapters = Some(adapters);
+    let names: Vec<String> =
+        (0..2).flat_map(|b| MODULES.iter().flat_map(move |m| [format!("{b} {m} A"), format!("{b} {m} B")])).collect();
+    check_gradients(&mut model, &names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn merged_adapters_give_the_adapted_log_probabilities() {
+    let weights = random(tiny_shape(), true, 8);
+    let mut adapters = new_adapters(&weights, 2, 4.0, &["q_proj".into(), "down_proj".into()], 9);
+    for lora in adapters.blocks.iter_mut().flatten().flatten() {
+        lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 3) as f32 - 1.0) * 0.2);
+    }
+    let mut model = TrainModel::new(weights);
+    model.adapters = Some(adapters);
+    let adapted = model.forward(&examples(), 1.0).unwrap().logprobs;
+    let merged = TrainModel::new(model.serving_weights()).forward(&examples(), 1.0).unwrap().logprobs;
+    let base = TrainModel::new(model.weights.clone()).forward(&examples(), 1.0).unwrap().logprobs;
+    let gap = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
+        a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)
+    };
+    assert!(gap(&adapted, &merged) < 1e-4, "merged weights differ by {}", gap(&adapted, &merged));
+    assert!(gap(&adapted, &base) > 1e-3, "the adapters changed nothing");
+}
+
+fn batch() -> Vec<TrainSequence> {
+    (0..5)
+        .map(|i| {
+            let tokens: Vec<u32> = (0..6 + i).map(|t| ((t * 7 + i * 3) % 16) as u32).collect();
+            let mask = (0..tokens.len()).map(|t| u8::from(t >= 3)).collect();
+            TrainSequence { tokens, mask }
+        })
+        .collect()
+}
+
+#[test]
+fn a_step_is_deterministic_whatever_the_thread_count() {
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 1)), 16);
+            for _ in 0..2 {
+                trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1e-2).unwrap();
+            }
+            trainer.model.weights
+        })
+    };
+    let one = run(1);
+    assert_eq!(run(2), one, "two threads changed the weights");
+    assert_eq!(run(1), one, "the same step gave other weights");
+    assert_ne!(one, random(tiny_shape(), true, 1), "the step changed nothing");
+}
+
+#[test]
+fn micro_batches_bound_the_tokens_and_accumulate_the_same_gradient() {
+    assert_eq!(micro_batches(&[3, 4, 5, 20, 1], 8), vec![0..2, 2..3, 3..4, 4..5]);
+    let norm_with = |budget: usize| {
+        let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 1)), budget);
+        trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1e-2).unwrap()
+    };
+    let (whole, pieces) = (norm_with(1000), norm_with(8));
+    assert_eq!(whole.micro_batches.len(), 1);
+    assert_eq!(pieces.micro_batches.len(), 5);
+    assert!((whole.grad_norm - pieces.grad_norm).abs() < 1e-5 * whole.grad_norm, "{whole:?} vs {pieces:?}");
+    let loss = |r: &StepReport| r.micro_batches.iter().map(|m| m.loss).sum::<f64>();
+    assert!((loss(&whole) - loss(&pieces)).abs() < 1e-5);
+}
+
+#[test]
+fn supervised_steps_lower_the_loss_and_clipping_bounds_the_step() {
+    let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 2)), 64);
+    let loss = |r: &StepReport| r.micro_batches.iter().map(|m| m.loss).sum::<f64>();
+    let first = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 3e-2).unwrap();
+    let mut last = first.clone();
+    for _ in 0..30 {
+        last = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 3e-2).unwrap();
+    }
+    assert!(loss(&last) < 0.5 * loss(&first), "loss {} → {}", loss(&first), loss(&last));
+    // A tiny clip norm scales the whole gradient down: Adam's first step is still ±lr.
+    let before = trainer.model.weights.clone();
+    let config = OptimizerConfig { clip_norm: 1e-9, ..OptimizerConfig::adamw(1e-3) };
+    trainer.supervised_step(&batch(), &config, 1e-3).unwrap();
+    let moved = before.embedding.iter().zip(&trainer.model.weights.embedding).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    assert!(moved < 2e-2, "moved {moved}");
+}
+
+#[test]
+fn bad_batches_are_errors_not_panics() {
+    let model = TrainModel::new(random(tiny_shape(), true, 2));
+    let error = |tokens: &[u32], positions: &[usize]| {
+        model.forward(&[Example { tokens, positions }], 1.0).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    assert!(error(&[1, 99], &[1]).contains("token id 99"));
+    assert!(error(&[1, 2, 3], &[0]).contains("position 0"));
+    assert!(error(&[1, 2, 3], &[2, 1]).contains("position 1"));
+    assert!(error(&vec![1; 65], &[1]).contains("context"));
+}

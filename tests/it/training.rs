@@ -1,0 +1,187 @@
+//! Training as a user drives it: a warm start on a tiny random llama (SmolLM2's tokenizer, so
+//! prompts tokenize as they would), killed at random moments and resumed, gives the tables and
+//! the final weights of an uninterrupted run; `sesa model export` writes a directory the
+//! `candle` backend serves.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use rand::{Rng, SeedableRng};
+use sesa_stages::data::world::{World, WorldConfig};
+use sesa_stages::policy::ModelFiles;
+use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
+
+use crate::support::{ChildRegistry, only_run, run_sesa_with, spawn_sesa_with, write};
+
+/// A two-block llama of width 16 over SmolLM2's vocabulary, random weights.
+fn tiny_model(out: &Path) {
+    let gguf = sesa_stages::models::fetch(&sesa_stages::models::sesa_home(), "smollm2-135m-instruct")
+        .unwrap()
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let files = ModelFiles::read(&gguf).unwrap();
+    let shape = LlamaShape {
+        hidden: 16,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 8,
+        layers: 2,
+        ffn: 32,
+        vocabulary: files.weights.shape.vocabulary,
+        context: 2048,
+        eps: 1e-5,
+        rope_base: 10_000.0,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut matrix = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-0.3f32..0.3)).collect() };
+    let (h, kv, f) = (shape.hidden, shape.kv_width(), shape.ffn);
+    let blocks = (0..shape.layers)
+        .map(|_| BlockWeights {
+            attention_norm: vec![1.0; h],
+            query: matrix(h * h),
+            key: matrix(kv * h),
+            value: matrix(kv * h),
+            attention_out: matrix(h * h),
+            ffn_norm: vec![1.0; h],
+            gate: matrix(f * h),
+            up: matrix(f * h),
+            down: matrix(h * f),
+        })
+        .collect();
+    let weights = LlamaWeights {
+        embedding: matrix(shape.vocabulary * h),
+        output_norm: vec![1.0; h],
+        output: None,
+        blocks,
+        shape,
+    };
+    files.export(&weights, out).unwrap();
+}
+
+fn prompts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/prompts")
+}
+
+/// Warm starts on every step (a pure SFT run), with a greedy evaluation after each.
+fn spec(dir: &Path) -> PathBuf {
+    let d = dir.display();
+    let p = prompts().display().to_string();
+    let text = format!(
+        "\
+name: tiny training
+seed: 3
+steps: 3
+world: {{dir: {d}/world, seed: 4, entities: 120, questions: 30}}
+model: {{backend: candle, model: {d}/tiny, cache_tokens: 2048}}
+search: {{top_k: 2, backend: {{kind: bm25, index: {d}/index, corpus: {d}/world/corpus.jsonl}}}}
+agent: {{max_turns: 2, max_turn_tokens: 6, max_total_tokens: 12, context_limit: 1024}}
+prompts: {{solver: {p}/solver_small.yaml, proposer: {p}/proposer_small.yaml}}
+trainer: {{micro_batch_tokens: 700}}
+stages:
+  warmup:
+    kind: warmup
+    world: {{questions: {d}/world/questions.jsonl, held_out: 10, limit: 8, rules: {{min_words: 4, min_searches: 1}}}}
+    batch: 3
+    optimizer: {{lr: 1.0e-3, warmup_steps: 1, schedule: cosine}}
+  evaluate:
+    kind: evaluate
+    after: [warmup]
+    benchmarks: {{held_out: {{questions: {d}/world/questions.jsonl, last: 10, limit: 3}}}}
+"
+    );
+    write(dir, "tiny.yaml", &text)
+}
+
+/// Every table of a run, by (table, step, writer), without wall times.
+fn tables(run: &Path) -> BTreeMap<(String, u64, String), RecordBatch> {
+    let mut out = BTreeMap::new();
+    for table in std::fs::read_dir(run.join("tables")).unwrap() {
+        let table = table.unwrap();
+        let name = table.file_name().to_string_lossy().into_owned();
+        for partition in std::fs::read_dir(table.path()).unwrap() {
+            let partition = partition.unwrap();
+            let step: u64 = partition.file_name().to_string_lossy().strip_prefix("step=").unwrap().parse().unwrap();
+            for file in std::fs::read_dir(partition.path()).unwrap() {
+                let file = file.unwrap();
+                let bytes = bytes::Bytes::from(std::fs::read(file.path()).unwrap());
+                let batch = sesa_engine::table::decode_parquet(bytes).unwrap();
+                let writer = file.file_name().to_string_lossy().into_owned();
+                out.insert((name.clone(), step, writer), without_times(&name, batch));
+            }
+        }
+    }
+    out
+}
+
+fn without_times(table: &str, batch: RecordBatch) -> RecordBatch {
+    let keep: Vec<usize> = (0..batch.num_columns()).filter(|&i| !batch.schema().field(i).name().ends_with("_ms")).collect();
+    let batch = batch.project(&keep).unwrap();
+    if table != "step_metrics" {
+        return batch;
+    }
+    let metrics = batch.column_by_name("metric").unwrap();
+    let metrics = metrics.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+    let timeless: arrow_array::BooleanArray = metrics.iter().map(|m| Some(!m.unwrap_or_default().ends_with("_ms"))).collect();
+    arrow_select::filter::filter_record_batch(&batch, &timeless).unwrap()
+}
+
+fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(&dir.path().join("tiny"));
+    World::generate(WorldConfig { seed: 4, entities: 120, questions: 30 }).write(&dir.path().join("world")).unwrap();
+    dir
+}
+
+#[test]
+fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
+    let dir = setup();
+    let spec = spec(dir.path());
+    let spec_arg = spec.to_str().unwrap();
+    let reference_store = dir.path().join("reference");
+    let output =
+        run_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", reference_store.to_str().unwrap()], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let reference = tables(&only_run(&reference_store));
+    let versions = reference.keys().filter(|(t, _, _)| t == "policy_versions").count();
+    assert_eq!(versions, 3, "one policy version per step");
+    assert!(reference.keys().any(|(t, _, _)| t == "checkpoints"));
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for trial in 0..2 {
+        let store = dir.path().join(format!("trial-{trial}"));
+        let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
+        std::thread::sleep(Duration::from_millis(rng.random_range(1500..5000)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let run = only_run(&store);
+        let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir.path());
+        assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
+        let tables = tables(&run);
+        assert_eq!(tables.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>(), "trial {trial}");
+        for (key, batch) in &reference {
+            assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
+        }
+    }
+
+    // The last version exported serves as a model of its own, with the trained weights.
+    let run = only_run(&reference_store);
+    let export = dir.path().join("export");
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["model", "export", run.to_str().unwrap(), "--out", export.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let exported = ModelFiles::read(&export).unwrap();
+    let initial = ModelFiles::read(&dir.path().join("tiny")).unwrap();
+    assert_ne!(exported.weights, initial.weights, "the export holds trained weights");
+    assert_eq!(exported.weights.shape, initial.weights.shape);
+    let missing = run_sesa_with(
+        ChildRegistry::Stages,
+        &["model", "export", run.to_str().unwrap(), "--version", "9", "--out", export.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_ne!(missing.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 9"));
+}
