@@ -139,8 +139,10 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let spec = spec(dir.path());
     let spec_arg = spec.to_str().unwrap();
     let reference_store = dir.path().join("reference");
+    let clock = std::time::Instant::now();
     let output =
         run_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", reference_store.to_str().unwrap()], dir.path());
+    let duration = clock.elapsed();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let reference = tables(&only_run(&reference_store));
     let versions = reference.keys().filter(|(t, _, _)| t == "policy_versions").count();
@@ -148,13 +150,18 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(reference.keys().any(|(t, _, _)| t == "checkpoints"));
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for trial in 0..2 {
+    let mut interrupted = 0;
+    for trial in 0..4 {
         let store = dir.path().join(format!("trial-{trial}"));
         let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
-        std::thread::sleep(Duration::from_millis(rng.random_range(1500..5000)));
+        // Somewhere in the run: loading, training, serving, evaluating or committing.
+        std::thread::sleep(duration.mul_f64(rng.random_range(0.3..0.95)));
         child.kill().unwrap();
         child.wait().unwrap();
-        let run = only_run(&store);
+        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+        interrupted += usize::from(manifest["status"] != "completed");
         let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir.path());
         assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
         let tables = tables(&run);
@@ -163,6 +170,7 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
             assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
         }
     }
+    assert!(interrupted >= 2, "only {interrupted} trials were killed before the run completed");
 
     // The last version exported serves as a model of its own, with the trained weights.
     let run = only_run(&reference_store);

@@ -193,6 +193,8 @@ pub struct Checkpoint {
     pub version: u64,
     /// AdamW's step count.
     pub adam_step: u64,
+    /// Tokens trained on over all versions up to this one.
+    pub tokens_trained: u64,
     /// (name, values) of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
     pub tensors: Vec<(String, Vec<f32>)>,
 }
@@ -207,7 +209,7 @@ impl Checkpoint {
         let adam = &state.trainer.adam;
         tensors.extend(adam.m.iter().enumerate().map(|(i, t)| (format!("adam_m.{i}"), t.clone())));
         tensors.extend(adam.v.iter().enumerate().map(|(i, t)| (format!("adam_v.{i}"), t.clone())));
-        Checkpoint { version: state.version, adam_step: adam.step, tensors }
+        Checkpoint { version: state.version, adam_step: adam.step, tokens_trained: state.tokens_trained, tensors }
     }
 
     fn bytes(values: &[f32]) -> Vec<u8> {
@@ -232,6 +234,7 @@ impl Checkpoint {
         Columns::default()
             .u64("version", self.tensors.iter().map(|_| self.version))
             .u64("adam_step", self.tensors.iter().map(|_| self.adam_step))
+            .u64("tokens_trained", self.tensors.iter().map(|_| self.tokens_trained))
             .str("tensor", self.tensors.iter().map(|(n, _)| n.as_str()))
             .bytes("values", bytes.iter().map(Vec::as_slice))
             .finish()
@@ -242,6 +245,7 @@ impl Checkpoint {
         let reader = Reader::new("checkpoints", batch);
         let versions = reader.u64("version")?;
         let steps = reader.u64("adam_step")?;
+        let tokens = reader.u64("tokens_trained")?;
         let names = reader.str("tensor")?;
         let values = reader.bytes("values")?;
         let tensors = names
@@ -255,6 +259,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             version: versions.first().copied().unwrap_or(0),
             adam_step: steps.first().copied().unwrap_or(0),
+            tokens_trained: tokens.first().copied().unwrap_or(0),
             tensors,
         })
     }
@@ -288,6 +293,7 @@ impl Checkpoint {
         }
         trainer.adam.step = self.adam_step;
         state.version = self.version;
+        state.tokens_trained = self.tokens_trained;
         Ok(())
     }
 }

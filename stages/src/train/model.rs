@@ -455,7 +455,8 @@ impl TrainModel {
 
     /// Adds to `grads` the gradient of `Σ dlogp[e][i] · logprob[e][i]`: the loss's derivative
     /// with respect to each scored log-probability is all a loss needs to give.
-    pub fn backward(&self, tape: &Tape, dlogp: &[Vec<f32>], grads: &mut Grads) -> Result<(), BatchError> {
+    /// The tape is consumed: its buffers become the gradients' scratch space.
+    pub fn backward(&self, mut tape: Tape, dlogp: &[Vec<f32>], grads: &mut Grads) -> Result<(), BatchError> {
         let s = self.shape().clone();
         let (hidden, kv_width, vocabulary) = (s.hidden, s.kv_width(), s.vocabulary);
         if dlogp.len() != tape.logprobs.len() || dlogp.iter().zip(&tape.logprobs).any(|(d, l)| d.len() != l.len()) {
@@ -465,7 +466,7 @@ impl TrainModel {
         let m = tape.scored_rows.len();
         let coefficients: Vec<f32> = dlogp.iter().flatten().copied().collect();
         // d(logit_j) = dlogp · (1[j = target] − p_j) / temperature.
-        let mut dlogits = tape.softmax.clone();
+        let mut dlogits = std::mem::take(&mut tape.softmax);
         dlogits.par_chunks_mut(vocabulary).zip(&coefficients).zip(&tape.scored_targets).for_each(
             |((row, &c), &target)| {
                 let c = c / tape.temperature;

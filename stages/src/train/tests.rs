@@ -22,7 +22,7 @@ fn gradient(model: &TrainModel) -> Grads {
     let tape = model.forward(&examples(), 0.7).unwrap();
     let dlogp = vec![COEFFICIENTS[..4].to_vec(), COEFFICIENTS[4..].to_vec()];
     let mut grads = model.zero_grads();
-    model.backward(&tape, &dlogp, &mut grads).unwrap();
+    model.backward(tape, &dlogp, &mut grads).unwrap();
     grads
 }
 
