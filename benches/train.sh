@@ -16,5 +16,5 @@ for method in full lora; do
   echo "== sesa, $method, T=$T, logits only where the loss mask is on (the last 25% of positions)"
   "$SESA" bench-train --model smollm2-135m-instruct --tokens "$T" --method "$method" --steps 3 --scored 0.25
   echo "== PyTorch, $method, T=$T"
-  python3 benches/train_torch.py "$model_dir" "$gguf" --tokens "$T" --method "$method" --steps 3
+  python3 benches/train_torch.py "$model_dir" --gguf "$gguf" --tokens "$T" --method "$method" --steps 3
 done

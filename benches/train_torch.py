@@ -1,10 +1,12 @@
 """The computation of `sesa bench-train` in PyTorch: one sequence, forward, backward, AdamW.
 
-Same model (transformers reads the GGUF with `gguf_file=`, dequantized to F32), same token ids
-(the formula below), loss on every position after the first, so the step-1 losses must agree
-with sesa's: that cross-checks both losses.
+Same model (transformers reads the GGUF with `gguf_file=`, dequantized to F32, or a Hugging
+Face directory such as `sesa model export` writes), same token ids (the formula below), loss on
+every position after the first, so the step-1 losses must agree with sesa's: that cross-checks
+both losses, and that an exported model is the function sesa trained.
 
-    python3 benches/train_torch.py GGUF_DIR GGUF_NAME --tokens 512 --method full --steps 3
+    python3 benches/train_torch.py GGUF_DIR --gguf GGUF_NAME --tokens 512 --method full --steps 3
+    python3 benches/train_torch.py EXPORTED_DIR --steps 1
 """
 import argparse
 import resource
@@ -15,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 parser = argparse.ArgumentParser()
 parser.add_argument("model_dir")
-parser.add_argument("gguf_file")
+parser.add_argument("--gguf", default=None)
 parser.add_argument("--tokens", type=int, default=512)
 parser.add_argument("--method", choices=["full", "lora"], default="full")
 parser.add_argument("--steps", type=int, default=3)
@@ -24,7 +26,8 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 torch.set_num_threads(args.threads)
-model = AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=args.gguf_file, torch_dtype=torch.float32)
+extra = {"gguf_file": args.gguf} if args.gguf else {}
+model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32, **extra)
 vocabulary = model.config.vocab_size
 if args.method == "lora":
     from peft import LoraConfig, get_peft_model

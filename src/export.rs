@@ -15,9 +15,13 @@ pub async fn export(run: &str, version: Option<u64>, out: &Path, registry: &Regi
     let root = ArtifactStore::open(&root)?;
     let opened = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
     let spec = opened.pipeline().spec();
-    let Some(model) = spec.section::<ModelSection>() else { bail!("run `{run}` has no `model:` section: nothing was trained") };
+    let Some(model) = spec.section::<ModelSection>() else {
+        bail!("run `{run}` has no `model:` section: nothing was trained")
+    };
     let ModelSection::Candle(config) = &*model else {
-        bail!("run `{run}` serves its policy with another backend than `candle`: its weights were not trained in process")
+        bail!(
+            "run `{run}` serves its policy with another backend than `candle`: its weights were not trained in process"
+        )
     };
     let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_stages::train::Method::Full);
     let source = sesa_stages::sections::local_model(&config.model).await?;
@@ -27,6 +31,9 @@ pub async fn export(run: &str, version: Option<u64>, out: &Path, registry: &Regi
         .with_context(|| format!("reading the checkpoints of `{run}`"))?;
     let target = out.to_path_buf();
     tokio::task::spawn_blocking(move || files.export(&weights, &target)).await?.map_err(anyhow::Error::msg)?;
-    println!("{}: policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)", out.display());
+    println!(
+        "{}: policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)",
+        out.display()
+    );
     Ok(0)
 }

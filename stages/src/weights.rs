@@ -105,6 +105,75 @@ pub struct BlockWeights {
     pub down: Vec<f32>,
 }
 
+/// A block's tensors in [`BlockWeights::tensors`] order: (sesa's name, the GGUF's, Hugging
+/// Face's).
+pub const BLOCK_TENSORS: [(&str, &str, &str); 9] = [
+    ("attention norm", "attn_norm", "input_layernorm"),
+    ("query", "attn_q", "self_attn.q_proj"),
+    ("key", "attn_k", "self_attn.k_proj"),
+    ("value", "attn_v", "self_attn.v_proj"),
+    ("attention output", "attn_output", "self_attn.o_proj"),
+    ("ffn norm", "ffn_norm", "post_attention_layernorm"),
+    ("gate", "ffn_gate", "mlp.gate_proj"),
+    ("up", "ffn_up", "mlp.up_proj"),
+    ("down", "ffn_down", "mlp.down_proj"),
+];
+
+impl BlockWeights {
+    /// A block whose tensor `i` (in [`BLOCK_TENSORS`] order) is `tensor(i)`.
+    pub fn try_from_fn<E>(mut tensor: impl FnMut(usize) -> Result<Vec<f32>, E>) -> Result<BlockWeights, E> {
+        Ok(BlockWeights {
+            attention_norm: tensor(0)?,
+            query: tensor(1)?,
+            key: tensor(2)?,
+            value: tensor(3)?,
+            attention_out: tensor(4)?,
+            ffn_norm: tensor(5)?,
+            gate: tensor(6)?,
+            up: tensor(7)?,
+            down: tensor(8)?,
+        })
+    }
+
+    /// The tensors, in [`BLOCK_TENSORS`] order.
+    pub fn tensors(&self) -> [&Vec<f32>; 9] {
+        [
+            &self.attention_norm,
+            &self.query,
+            &self.key,
+            &self.value,
+            &self.attention_out,
+            &self.ffn_norm,
+            &self.gate,
+            &self.up,
+            &self.down,
+        ]
+    }
+
+    /// The tensors, mutable, in [`BLOCK_TENSORS`] order.
+    pub fn tensors_mut(&mut self) -> [&mut Vec<f32>; 9] {
+        [
+            &mut self.attention_norm,
+            &mut self.query,
+            &mut self.key,
+            &mut self.value,
+            &mut self.attention_out,
+            &mut self.ffn_norm,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ]
+    }
+}
+
+impl LlamaShape {
+    /// (rows, columns) of each block tensor in [`BLOCK_TENSORS`] order (norms are one row).
+    pub fn block_dims(&self) -> [(usize, usize); 9] {
+        let (h, kv, f) = (self.hidden, self.kv_width(), self.ffn);
+        [(1, h), (h, h), (kv, h), (kv, h), (h, h), (1, h), (f, h), (f, h), (h, f)]
+    }
+}
+
 /// All weights of a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaWeights {
@@ -154,20 +223,7 @@ impl LlamaWeights {
         };
         shape.check()?;
         let blocks = (0..shape.layers)
-            .map(|i| {
-                let mut get = |part: &str| tensor(&format!("blk.{i}.{part}.weight"));
-                Ok(BlockWeights {
-                    attention_norm: get("attn_norm")?,
-                    query: get("attn_q")?,
-                    key: get("attn_k")?,
-                    value: get("attn_v")?,
-                    attention_out: get("attn_output")?,
-                    ffn_norm: get("ffn_norm")?,
-                    gate: get("ffn_gate")?,
-                    up: get("ffn_up")?,
-                    down: get("ffn_down")?,
-                })
-            })
+            .map(|i| BlockWeights::try_from_fn(|t| tensor(&format!("blk.{i}.{}.weight", BLOCK_TENSORS[t].1))))
             .collect::<Result<Vec<_>, WeightsError>>()?;
         let weights = LlamaWeights {
             output_norm: tensor("output_norm.weight")?,
@@ -183,8 +239,7 @@ impl LlamaWeights {
     /// Every matrix and vector with its expected length: a file whose tensors disagree with its
     /// own metadata is refused at load, not at the first forward pass.
     fn check_sizes(&self) -> Result<(), WeightsError> {
-        let LlamaShape { hidden, ffn, vocabulary, .. } = self.shape;
-        let kv = self.shape.kv_width();
+        let LlamaShape { hidden, vocabulary, .. } = self.shape;
         let mut expected: Vec<(String, usize, usize)> = vec![
             ("embedding".into(), self.embedding.len(), vocabulary * hidden),
             ("output norm".into(), self.output_norm.len(), hidden),
@@ -192,19 +247,10 @@ impl LlamaWeights {
         if let Some(output) = &self.output {
             expected.push(("output".into(), output.len(), vocabulary * hidden));
         }
+        let dims = self.shape.block_dims();
         for (i, b) in self.blocks.iter().enumerate() {
-            for (name, len, want) in [
-                ("attention norm", b.attention_norm.len(), hidden),
-                ("query", b.query.len(), hidden * hidden),
-                ("key", b.key.len(), kv * hidden),
-                ("value", b.value.len(), kv * hidden),
-                ("attention output", b.attention_out.len(), hidden * hidden),
-                ("ffn norm", b.ffn_norm.len(), hidden),
-                ("gate", b.gate.len(), ffn * hidden),
-                ("up", b.up.len(), ffn * hidden),
-                ("down", b.down.len(), hidden * ffn),
-            ] {
-                expected.push((format!("block {i} {name}"), len, want));
+            for (t, tensor) in b.tensors().into_iter().enumerate() {
+                expected.push((format!("block {i} {}", BLOCK_TENSORS[t].0), tensor.len(), dims[t].0 * dims[t].1));
             }
         }
         match expected.into_iter().find(|(_, len, want)| len != want) {
@@ -222,9 +268,10 @@ impl LlamaWeights {
         let config: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| WeightsError(format!("{}: {e}", config_path.display())))?;
         let number = |key: &str| -> Result<usize, WeightsError> {
-            config[key].as_u64().map(|v| v as usize).ok_or_else(|| {
-                WeightsError(format!("{}: `{key}` is missing or not a number", config_path.display()))
-            })
+            config[key]
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| WeightsError(format!("{}: `{key}` is missing or not a number", config_path.display())))
         };
         let hidden = number("hidden_size")?;
         let heads = number("num_attention_heads")?.max(1);
@@ -253,18 +300,11 @@ impl LlamaWeights {
         let (head_dim, kv_heads) = (shape.head_dim, shape.kv_heads);
         let blocks = (0..shape.layers)
             .map(|i| {
-                let mut get = |part: &str| take(&format!("model.layers.{i}.{part}.weight"));
-                Ok(BlockWeights {
-                    attention_norm: get("input_layernorm")?,
-                    query: rows_to_interleaved(&get("self_attn.q_proj")?, heads, head_dim),
-                    key: rows_to_interleaved(&get("self_attn.k_proj")?, kv_heads, head_dim),
-                    value: get("self_attn.v_proj")?,
-                    attention_out: get("self_attn.o_proj")?,
-                    ffn_norm: get("post_attention_layernorm")?,
-                    gate: get("mlp.gate_proj")?,
-                    up: get("mlp.up_proj")?,
-                    down: get("mlp.down_proj")?,
-                })
+                let mut block =
+                    BlockWeights::try_from_fn(|t| take(&format!("model.layers.{i}.{}.weight", BLOCK_TENSORS[t].2)))?;
+                block.query = rows_to_interleaved(&block.query, heads, head_dim);
+                block.key = rows_to_interleaved(&block.key, kv_heads, head_dim);
+                Ok(block)
             })
             .collect::<Result<Vec<_>, WeightsError>>()?;
         let weights = LlamaWeights {
@@ -316,23 +356,24 @@ impl LlamaWeights {
             tensors.insert(name, Tensor::from_vec(values, dims, &Device::Cpu)?);
             Ok(())
         };
-        let (hidden, kv, ffn) = (s.hidden, s.kv_width(), s.ffn);
+        let hidden = s.hidden;
         put("model.embed_tokens.weight".into(), self.embedding.clone(), &[s.vocabulary, hidden])?;
         put("model.norm.weight".into(), self.output_norm.clone(), &[hidden])?;
         if let Some(output) = &self.output {
             put("lm_head.weight".into(), output.clone(), &[s.vocabulary, hidden])?;
         }
+        let dims = s.block_dims();
         for (i, b) in self.blocks.iter().enumerate() {
-            let name = |part: &str| format!("model.layers.{i}.{part}.weight");
-            put(name("input_layernorm"), b.attention_norm.clone(), &[hidden])?;
-            put(name("self_attn.q_proj"), rows_to_halves(&b.query, s.heads, s.head_dim), &[hidden, hidden])?;
-            put(name("self_attn.k_proj"), rows_to_halves(&b.key, s.kv_heads, s.head_dim), &[kv, hidden])?;
-            put(name("self_attn.v_proj"), b.value.clone(), &[kv, hidden])?;
-            put(name("self_attn.o_proj"), b.attention_out.clone(), &[hidden, hidden])?;
-            put(name("post_attention_layernorm"), b.ffn_norm.clone(), &[hidden])?;
-            put(name("mlp.gate_proj"), b.gate.clone(), &[ffn, hidden])?;
-            put(name("mlp.up_proj"), b.up.clone(), &[ffn, hidden])?;
-            put(name("mlp.down_proj"), b.down.clone(), &[hidden, ffn])?;
+            for (t, tensor) in b.tensors().into_iter().enumerate() {
+                let values = match t {
+                    1 => rows_to_halves(tensor, s.heads, s.head_dim),
+                    2 => rows_to_halves(tensor, s.kv_heads, s.head_dim),
+                    _ => tensor.clone(),
+                };
+                let (rows, cols) = dims[t];
+                let dims: &[usize] = if rows == 1 { &[cols] } else { &[rows, cols] };
+                put(format!("model.layers.{i}.{}.weight", BLOCK_TENSORS[t].2), values, dims)?;
+            }
         }
         Ok(tensors)
     }
@@ -344,12 +385,7 @@ impl LlamaWeights {
 
     /// Parameters in all.
     pub fn parameters(&self) -> usize {
-        let block: usize = self.blocks.first().map_or(0, |b| {
-            [&b.attention_norm, &b.query, &b.key, &b.value, &b.attention_out, &b.ffn_norm, &b.gate, &b.up, &b.down]
-                .iter()
-                .map(|v| v.len())
-                .sum()
-        });
+        let block: usize = self.blocks.first().map_or(0, |b| b.tensors().iter().map(|v| v.len()).sum());
         self.embedding.len()
             + self.output_norm.len()
             + self.output.as_ref().map_or(0, Vec::len)
@@ -396,19 +432,22 @@ pub(crate) mod testing {
     /// A random model of the given shape: matrices uniform in ±`scale`, norms near 1.
     pub fn random(shape: LlamaShape, tied: bool, seed: u64) -> LlamaWeights {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut matrix = |len: usize, scale: f32| -> Vec<f32> { (0..len).map(|_| rng.random_range(-scale..scale)).collect() };
-        let (h, kv, f, v) = (shape.hidden, shape.kv_width(), shape.ffn, shape.vocabulary);
+        let mut matrix =
+            |len: usize, scale: f32| -> Vec<f32> { (0..len).map(|_| rng.random_range(-scale..scale)).collect() };
+        let (h, v) = (shape.hidden, shape.vocabulary);
+        let dims = shape.block_dims();
         let blocks = (0..shape.layers)
-            .map(|_| BlockWeights {
-                attention_norm: matrix(h, 0.2).into_iter().map(|x| 1.0 + x).collect(),
-                query: matrix(h * h, 0.4),
-                key: matrix(kv * h, 0.4),
-                value: matrix(kv * h, 0.4),
-                attention_out: matrix(h * h, 0.3),
-                ffn_norm: matrix(h, 0.2).into_iter().map(|x| 1.0 + x).collect(),
-                gate: matrix(f * h, 0.4),
-                up: matrix(f * h, 0.4),
-                down: matrix(h * f, 0.3),
+            .map(|_| {
+                BlockWeights::try_from_fn::<()>(|t| {
+                    let (rows, cols) = dims[t];
+                    // Norms near 1, matrices small.
+                    Ok(if rows == 1 {
+                        matrix(cols, 0.2).into_iter().map(|x| 1.0 + x).collect()
+                    } else {
+                        matrix(rows * cols, 0.4)
+                    })
+                })
+                .expect("infallible")
             })
             .collect();
         LlamaWeights {

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use rand::{Rng, SeedableRng};
@@ -115,14 +114,16 @@ fn tables(run: &Path) -> BTreeMap<(String, u64, String), RecordBatch> {
 }
 
 fn without_times(table: &str, batch: RecordBatch) -> RecordBatch {
-    let keep: Vec<usize> = (0..batch.num_columns()).filter(|&i| !batch.schema().field(i).name().ends_with("_ms")).collect();
+    let keep: Vec<usize> =
+        (0..batch.num_columns()).filter(|&i| !batch.schema().field(i).name().ends_with("_ms")).collect();
     let batch = batch.project(&keep).unwrap();
     if table != "step_metrics" {
         return batch;
     }
     let metrics = batch.column_by_name("metric").unwrap();
     let metrics = metrics.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
-    let timeless: arrow_array::BooleanArray = metrics.iter().map(|m| Some(!m.unwrap_or_default().ends_with("_ms"))).collect();
+    let timeless: arrow_array::BooleanArray =
+        metrics.iter().map(|m| Some(!m.unwrap_or_default().ends_with("_ms"))).collect();
     arrow_select::filter::filter_record_batch(&batch, &timeless).unwrap()
 }
 
@@ -140,20 +141,34 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let spec_arg = spec.to_str().unwrap();
     let reference_store = dir.path().join("reference");
     let clock = std::time::Instant::now();
-    let output =
-        run_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", reference_store.to_str().unwrap()], dir.path());
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["run", spec_arg, "--store", reference_store.to_str().unwrap()],
+        dir.path(),
+    );
     let duration = clock.elapsed();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let reference = tables(&only_run(&reference_store));
     let versions = reference.keys().filter(|(t, _, _)| t == "policy_versions").count();
     assert_eq!(versions, 3, "one policy version per step");
     assert!(reference.keys().any(|(t, _, _)| t == "checkpoints"));
+    for step in 1..=3u64 {
+        // The evaluation after step n's warm start ran the weights of policy version n.
+        let evals = &reference[&("evals".to_string(), step, "evaluate.parquet".to_string())];
+        let versions = evals.column_by_name("policy_version").unwrap();
+        let versions = versions.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
+        assert_eq!(versions.len(), 3);
+        assert!(versions.iter().all(|v| v == Some(step)), "step {step}: {versions:?}");
+        let steps = &reference[&("train_steps".to_string(), step, "warmup.parquet".to_string())];
+        assert!(steps.num_rows() >= 2, "micro-batches of at most 700 tokens");
+    }
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut interrupted = 0;
     for trial in 0..4 {
         let store = dir.path().join(format!("trial-{trial}"));
-        let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
+        let mut child =
+            spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
         // Somewhere in the run: loading, training, serving, evaluating or committing.
         std::thread::sleep(duration.mul_f64(rng.random_range(0.3..0.95)));
         child.kill().unwrap();

@@ -21,8 +21,8 @@ mod tokenizer;
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::mpsc::{Sender, channel};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
 use self::llama::LlamaModel;
-use crate::weights::{LlamaShape, LlamaWeights};
 use self::scheduler::{Message, Sessions, Submitted};
 use super::{ChatMessage, ChatTemplate, Generation, GenerationRequest, Policy, PolicyError};
+use crate::weights::{LlamaShape, LlamaWeights};
 
 /// A local llama-family GGUF model served by sesa's batched forward pass.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -149,8 +149,7 @@ impl ModelFiles {
         let weights = LlamaWeights::from_gguf(&content, &mut file).map_err(|e| format!("{}: {e}", path.display()))?;
         let (tokenizer, stops) = tokenizer::from_gguf(&content).map_err(|e| format!("{}: {e}", path.display()))?;
         let bos = content.metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
-        let chat_template =
-            content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
+        let chat_template = content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
         Ok(ModelFiles { weights, tokenizer, stops, bos, chat_template })
     }
 
@@ -164,7 +163,9 @@ impl ModelFiles {
             .unwrap_or_default();
         let ids = |value: &serde_json::Value| -> Vec<u32> {
             match value {
-                serde_json::Value::Array(values) => values.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+                serde_json::Value::Array(values) => {
+                    values.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect()
+                }
                 value => value.as_u64().map(|v| v as u32).into_iter().collect(),
             }
         };

@@ -91,15 +91,18 @@ impl Writer<'_> {
     }
 
     /// The solver's demonstration of `question`, or `None` when a search misses its hop.
-    pub async fn solver(&self, template: &PromptTemplate, question: &Question) -> Result<Option<Demonstration>, String> {
+    pub async fn solver(
+        &self,
+        template: &PromptTemplate,
+        question: &Question,
+    ) -> Result<Option<Demonstration>, String> {
         let Some(answer) = question.golden_answers.first() else { return Ok(None) };
         if question.supporting_titles.is_empty() {
             return Ok(None);
         }
-        let prompt = self.policy.render_chat(&template.render(&BTreeMap::from([
-            ("question", question.question.clone()),
-            ("skills", String::new()),
-        ])));
+        let prompt = self.policy.render_chat(
+            &template.render(&BTreeMap::from([("question", question.question.clone()), ("skills", String::new())])),
+        );
         let mut turns = Vec::new();
         for title in &question.supporting_titles {
             let text = format!("<search>{title}</search>");
@@ -110,7 +113,11 @@ impl Writer<'_> {
             turns.push(WrittenTurn { text, information: Some(information) });
         }
         turns.push(WrittenTurn { text: format!("<answer>{answer}</answer>"), information: None });
-        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration { role: "solver", hops: question.hops.unwrap_or(0), sequence }))
+        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
+            role: "solver",
+            hops: question.hops.unwrap_or(0),
+            sequence,
+        }))
     }
 
     /// The proposer's demonstration for `question`'s answer and hop count, or `None` when the
@@ -131,7 +138,8 @@ impl Writer<'_> {
         ])));
         // Query k names what step k − 1 found: the answer, then tₙ, tₙ₋₁, … t₂.
         let titles = &question.supporting_titles;
-        let queries: Vec<&str> = std::iter::once(answer.as_str()).chain(titles.iter().skip(1).rev().map(String::as_str)).collect();
+        let queries: Vec<&str> =
+            std::iter::once(answer.as_str()).chain(titles.iter().skip(1).rev().map(String::as_str)).collect();
         let mut turns = Vec::new();
         let mut materials = String::new();
         for (query, title) in queries.iter().zip(titles.iter().rev()) {
@@ -146,7 +154,11 @@ impl Writer<'_> {
             return Ok(None);
         }
         turns.push(WrittenTurn { text: format!("<question>{}</question>", question.question), information: None });
-        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration { role: "proposer", hops: question.hops.unwrap_or(0), sequence }))
+        Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
+            role: "proposer",
+            hops: question.hops.unwrap_or(0),
+            sequence,
+        }))
     }
 }
 
@@ -164,8 +176,16 @@ pub fn read_user_demonstrations(path: &Path) -> Result<Vec<Demonstration>, Strin
             let batch = batch.map_err(|e| format!("{}: {e}", path.display()))?;
             let table = path.display().to_string();
             let read = Reader::new(&table, &batch);
-            let columns = (|| Ok::<_, sesa_engine::StageError>((read.u32s("prompt_ids")?, read.u32s("token_ids")?, read.u32s("loss_mask")?)))()
-                .map_err(|e| format!("{e} (demonstrations need the rollouts table's `prompt_ids`, `token_ids` and `loss_mask`)"))?;
+            let columns = (|| {
+                Ok::<_, sesa_engine::StageError>((
+                    read.u32s("prompt_ids")?,
+                    read.u32s("token_ids")?,
+                    read.u32s("loss_mask")?,
+                ))
+            })()
+            .map_err(|e| {
+                format!("{e} (demonstrations need the rollouts table's `prompt_ids`, `token_ids` and `loss_mask`)")
+            })?;
             rows.extend(columns.0.into_iter().zip(columns.1).zip(columns.2).map(|((p, t), m)| (p, t, m)));
         }
         rows
@@ -201,4 +221,91 @@ pub fn read_user_demonstrations(path: &Path) -> Result<Vec<Demonstration>, Strin
             Ok(Demonstration { role: "user", hops: 0, sequence: TrainSequence { tokens, mask } })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::agent::{PROPOSER_PROMPT, SOLVER_PROMPT};
+    use crate::data::world::{World, WorldConfig};
+    use crate::policy::testing::smollm2_candle;
+    use crate::search::Bm25Index;
+
+    fn template(name: &str, kind: crate::agent::PromptKind) -> PromptTemplate {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/prompts").join(name);
+        PromptTemplate::load_kind(&path, kind).unwrap()
+    }
+
+    /// The demonstrations of a small world's questions, tokenized by SmolLM2.
+    #[tokio::test]
+    async fn demonstrations_follow_the_loop_layout_and_drop_missed_hops() {
+        let dir = tempfile::tempdir().unwrap();
+        let world = World::generate(WorldConfig { seed: 5, entities: 150, questions: 40 });
+        world.write(dir.path()).unwrap();
+        Bm25Index::build(&dir.path().join("corpus.jsonl"), &dir.path().join("index"), |_| {}).unwrap();
+        let index = std::sync::Arc::new(Bm25Index::open(&dir.path().join("index")).unwrap());
+        let policy = tokio::task::spawn_blocking(smollm2_candle).await.unwrap();
+        let writer = Writer { policy: &policy, search: &index, top_k: 3 };
+        let questions = crate::data::datasets::load_questions(&dir.path().join("questions.jsonl")).unwrap();
+        let (solver, proposer) =
+            (template("solver_small.yaml", SOLVER_PROMPT), template("proposer_small.yaml", PROPOSER_PROMPT));
+        let rules = ValidityRules { min_words: 4, min_searches: 1, ..ValidityRules::default() };
+        let (mut solved, mut proposed) = (0, 0);
+        for question in &questions {
+            let trained = |demo: &Demonstration| {
+                let ids: Vec<u32> = demo
+                    .sequence
+                    .tokens
+                    .iter()
+                    .zip(&demo.sequence.mask)
+                    .filter(|(_, m)| **m == 1)
+                    .map(|(t, _)| *t)
+                    .collect();
+                policy.decode(&ids).unwrap()
+            };
+            if let Some(demo) = writer.solver(&solver, question).await.unwrap() {
+                solved += 1;
+                let text = policy.decode(&demo.sequence.tokens).unwrap();
+                let trained = trained(&demo);
+                let answer = &question.golden_answers[0];
+                // Trained: the searches and the answer; read only: the prompt and the results.
+                let searches: String =
+                    question.supporting_titles.iter().map(|t| format!("<search>{t}</search>")).collect();
+                assert_eq!(trained, format!("{searches}<answer>{answer}</answer>"));
+                assert_eq!(text.matches("<information>").count(), question.supporting_titles.len());
+                assert!(text.contains(&question.question));
+                assert_eq!(demo.sequence.mask[0], 0);
+            }
+            if let Some(demo) = writer.proposer(&proposer, &rules, question).await.unwrap() {
+                proposed += 1;
+                // The walk back starts from the answer and ends with the question.
+                let trained = trained(&demo);
+                assert!(trained.starts_with(&format!("<search>{}</search>", question.golden_answers[0])), "{trained}");
+                assert!(trained.ends_with(&format!("<question>{}</question>", question.question)), "{trained}");
+                assert_eq!(trained.matches("<search>").count(), question.supporting_titles.len());
+            }
+        }
+        assert!(solved > questions.len() / 2, "{solved} of {} solver demonstrations", questions.len());
+        assert!(proposed > 0 && proposed < questions.len(), "{proposed} proposer demonstrations");
+        // A question whose chain names a passage the index does not have is dropped.
+        let mut broken = questions[0].clone();
+        broken.supporting_titles[0] = "Nowhere Atlantis".into();
+        assert_eq!(writer.solver(&solver, &broken).await.unwrap(), None);
+    }
+
+    #[test]
+    fn user_demonstrations_are_read_from_jsonl_with_their_line_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("demos.jsonl");
+        std::fs::write(&path, "{\"prompt_ids\": [1, 2], \"token_ids\": [3, 4, 5], \"loss_mask\": [1, 0, 1]}\n")
+            .unwrap();
+        let demos = read_user_demonstrations(&path).unwrap();
+        assert_eq!(demos[0].sequence, TrainSequence { tokens: vec![1, 2, 3, 4, 5], mask: vec![0, 0, 1, 0, 1] });
+        std::fs::write(&path, "{\"prompt_ids\": [1], \"token_ids\": [3, 4], \"loss_mask\": [1]}\n").unwrap();
+        assert!(read_user_demonstrations(&path).unwrap_err().contains("row 1"));
+        std::fs::write(&path, "{\"prompt_ids\": [1]}\n").unwrap();
+        assert!(read_user_demonstrations(&path).unwrap_err().contains(":1:"));
+    }
 }

@@ -16,5 +16,7 @@ pub use self::resources::{LoopResources, PooledQuestion, SelfPlay, SkillMemory, 
 pub use self::rules::{
     FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
 };
-pub use self::stages::{Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Verify, Warmup, metrics_batch};
+pub use self::stages::{
+    Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Verify, Warmup, metrics_batch,
+};
 pub use self::training::{TrainerSection, Training};

@@ -126,7 +126,12 @@ impl Training {
 
     /// Rebuilds the trainer from the run's last checkpoint, if any, and has `policy` serve its
     /// weights.
-    pub async fn restore(self: &Arc<Self>, root: &ArtifactStore, run_id: &str, policy: &dyn Policy) -> Result<(), RunError> {
+    pub async fn restore(
+        self: &Arc<Self>,
+        root: &ArtifactStore,
+        run_id: &str,
+        policy: &dyn Policy,
+    ) -> Result<(), RunError> {
         let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
         let Some(batch) = read_table(root, run_id, "checkpoints").await?.into_iter().map(|(_, b)| b).last() else {
             return Ok(());

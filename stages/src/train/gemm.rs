@@ -35,7 +35,11 @@ impl<'a> View<'a> {
     fn check(&self, rows: usize, cols: usize, what: &str) {
         if rows > 0 && cols > 0 {
             let last = self.offset + (rows - 1) * self.row + (cols - 1) * self.col;
-            assert!(last < self.data.len(), "{what}: a {rows}×{cols} view past the end of its {} values", self.data.len());
+            assert!(
+                last < self.data.len(),
+                "{what}: a {rows}×{cols} view past the end of its {} values",
+                self.data.len()
+            );
         }
     }
 }

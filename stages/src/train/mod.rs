@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, Tape, TrainModel};
+pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, PROJECTIONS, Tape, TrainModel};
 pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
 use crate::weights::LlamaWeights;
 
@@ -80,13 +80,12 @@ impl Method {
 /// adapted model starts as the base model.
 pub fn new_adapters(weights: &LlamaWeights, rank: usize, alpha: f32, targets: &[String], seed: u64) -> Adapters {
     let s = &weights.shape;
-    let (h, kv, f) = (s.hidden, s.kv_width(), s.ffn);
-    let dims = [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)];
+    let dims = s.block_dims();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let blocks = (0..s.layers)
         .map(|_| {
             std::array::from_fn(|m| {
-                let (inputs, outputs) = dims[m];
+                let (outputs, inputs) = dims[PROJECTIONS[m]];
                 targets.iter().any(|t| t == MODULES[m]).then(|| {
                     let bound = 1.0 / (inputs as f32).sqrt();
                     Lora {
@@ -105,15 +104,8 @@ impl Adapters {
     pub fn merged(&self, base: &LlamaWeights) -> LlamaWeights {
         let mut merged = base.clone();
         for (block, adapters) in merged.blocks.iter_mut().zip(&self.blocks) {
-            let targets = [
-                &mut block.query,
-                &mut block.key,
-                &mut block.value,
-                &mut block.attention_out,
-                &mut block.gate,
-                &mut block.up,
-                &mut block.down,
-            ];
+            let mut tensors = block.tensors_mut().map(Some);
+            let targets = PROJECTIONS.map(|t| tensors[t].take().expect("distinct"));
             for (weight, lora) in targets.into_iter().zip(adapters) {
                 let Some(lora) = lora else { continue };
                 let inputs = lora.a.len() / self.rank;
@@ -136,7 +128,7 @@ fn weight_tensors(weights: &LlamaWeights) -> Vec<&Vec<f32>> {
     let mut tensors = vec![&weights.embedding, &weights.output_norm];
     tensors.extend(weights.output.as_ref());
     for b in &weights.blocks {
-        tensors.extend([&b.attention_norm, &b.query, &b.key, &b.value, &b.attention_out, &b.ffn_norm, &b.gate, &b.up, &b.down]);
+        tensors.extend(b.tensors());
     }
     tensors
 }
@@ -145,17 +137,7 @@ fn weight_tensors_mut(weights: &mut LlamaWeights) -> Vec<&mut Vec<f32>> {
     let mut tensors = vec![&mut weights.embedding, &mut weights.output_norm];
     tensors.extend(weights.output.as_mut());
     for b in &mut weights.blocks {
-        tensors.extend([
-            &mut b.attention_norm,
-            &mut b.query,
-            &mut b.key,
-            &mut b.value,
-            &mut b.attention_out,
-            &mut b.ffn_norm,
-            &mut b.gate,
-            &mut b.up,
-            &mut b.down,
-        ]);
+        tensors.extend(b.tensors_mut());
     }
     tensors
 }
@@ -311,10 +293,8 @@ impl Trainer {
         let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
         let mut out = Vec::with_capacity(sequences.len());
         for range in micro_batches(&lengths, self.micro_batch_tokens) {
-            let examples: Vec<Example<'_>> = range
-                .clone()
-                .map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] })
-                .collect();
+            let examples: Vec<Example<'_>> =
+                range.clone().map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
             out.extend(self.model.forward(&examples, temperature)?.logprobs);
         }
         Ok(out)
@@ -343,10 +323,8 @@ impl Trainer {
         let mut micro = Vec::new();
         for range in micro_batches(&lengths, self.micro_batch_tokens) {
             let clock = Instant::now();
-            let examples: Vec<Example<'_>> = range
-                .clone()
-                .map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] })
-                .collect();
+            let examples: Vec<Example<'_>> =
+                range.clone().map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
             let tape = self.model.forward(&examples, temperature)?;
             let mut total = 0.0;
             let mut derivatives = Vec::with_capacity(examples.len());
@@ -385,7 +363,13 @@ impl Trainer {
         self.adam.update(optimizer, lr, params, grad_slices, scale);
         drop(grad_tensors);
         self.grads = Some(grads);
-        Ok(StepReport { optimizer_step: self.adam.step, micro_batches: micro, grad_norm, lr, optimizer_ms: clock.elapsed().as_secs_f64() * 1e3 })
+        Ok(StepReport {
+            optimizer_step: self.adam.step,
+            micro_batches: micro,
+            grad_norm,
+            lr,
+            optimizer_ms: clock.elapsed().as_secs_f64() * 1e3,
+        })
     }
 
     /// One supervised step: minimises the token-mean negative log-likelihood of the masked

@@ -15,10 +15,13 @@
 use rayon::prelude::*;
 
 use super::gemm::{Out, View, gemm, gemm_serial};
-use crate::weights::{LlamaShape, LlamaWeights};
+use crate::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 /// The projections LoRA can adapt, in a block's order.
 pub const MODULES: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+/// Where each of [`MODULES`] is among a block's tensors (`weights::BLOCK_TENSORS`).
+pub const PROJECTIONS: [usize; 7] = [1, 2, 3, 4, 6, 7, 8];
 
 /// A low-rank adapter of one projection: `W + scale · B·A`.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,9 +155,9 @@ impl TrainModel {
                         .blocks
                         .iter()
                         .map(|block| {
-                            block.clone().map(|lora| {
-                                lora.map(|l| Lora { a: vec![0.0; l.a.len()], b: vec![0.0; l.b.len()] })
-                            })
+                            block
+                                .clone()
+                                .map(|lora| lora.map(|l| Lora { a: vec![0.0; l.a.len()], b: vec![0.0; l.b.len()] }))
                         })
                         .collect(),
                     ..adapters.clone()
@@ -165,19 +168,14 @@ impl TrainModel {
     }
 
     fn projections(&self, layer: usize) -> [Projection<'_>; 7] {
-        let s = self.shape();
-        let b = &self.weights.blocks[layer];
-        let lora = |m: usize| self.adapters.as_ref().and_then(|a| a.blocks[layer][m].as_ref());
-        let (h, kv, f) = (s.hidden, s.kv_width(), s.ffn);
-        [
-            Projection { weight: &b.query, inputs: h, outputs: h, lora: lora(0) },
-            Projection { weight: &b.key, inputs: h, outputs: kv, lora: lora(1) },
-            Projection { weight: &b.value, inputs: h, outputs: kv, lora: lora(2) },
-            Projection { weight: &b.attention_out, inputs: h, outputs: h, lora: lora(3) },
-            Projection { weight: &b.gate, inputs: h, outputs: f, lora: lora(4) },
-            Projection { weight: &b.up, inputs: h, outputs: f, lora: lora(5) },
-            Projection { weight: &b.down, inputs: f, outputs: h, lora: lora(6) },
-        ]
+        let tensors = self.weights.blocks[layer].tensors();
+        let dims = self.shape().block_dims();
+        std::array::from_fn(|m| Projection {
+            weight: tensors[PROJECTIONS[m]],
+            inputs: dims[PROJECTIONS[m]].1,
+            outputs: dims[PROJECTIONS[m]].0,
+            lora: self.adapters.as_ref().and_then(|a| a.blocks[layer][m].as_ref()),
+        })
     }
 
     fn scale(&self) -> f32 {
@@ -332,9 +330,25 @@ impl TrainModel {
         if let Some(lora) = p.lora {
             let rank = lora.a.len() / p.inputs;
             let mut xa = vec![0.0f32; n * rank];
-            gemm(n, p.inputs, rank, View::rows(x, p.inputs), View::transposed(&lora.a, p.inputs), 0.0, Out::rows(&mut xa, rank));
+            gemm(
+                n,
+                p.inputs,
+                rank,
+                View::rows(x, p.inputs),
+                View::transposed(&lora.a, p.inputs),
+                0.0,
+                Out::rows(&mut xa, rank),
+            );
             let scaled: Vec<f32> = xa.iter().map(|v| v * self.scale()).collect();
-            gemm(n, rank, p.outputs, View::rows(&scaled, rank), View::transposed(&lora.b, rank), 1.0, Out::rows(&mut y, p.outputs));
+            gemm(
+                n,
+                rank,
+                p.outputs,
+                View::rows(&scaled, rank),
+                View::transposed(&lora.b, rank),
+                1.0,
+                Out::rows(&mut y, p.outputs),
+            );
             *lora_input = xa;
         }
         y
@@ -354,7 +368,15 @@ impl TrainModel {
         weight_grad: Option<&mut Vec<f32>>,
         lora_grad: Option<&mut Lora>,
     ) {
-        gemm(n, p.outputs, p.inputs, View::rows(dy, p.outputs), View::rows(p.weight, p.inputs), 1.0, Out::rows(dx, p.inputs));
+        gemm(
+            n,
+            p.outputs,
+            p.inputs,
+            View::rows(dy, p.outputs),
+            View::rows(p.weight, p.inputs),
+            1.0,
+            Out::rows(dx, p.inputs),
+        );
         if let Some(grad) = weight_grad {
             gemm(
                 p.outputs,
@@ -371,12 +393,44 @@ impl TrainModel {
             let scale = self.scale();
             // dB += scale · dyᵀ·(x·Aᵀ); d(x·Aᵀ) = scale · dy·B; dA += d(x·Aᵀ)ᵀ·x; dx += d(x·Aᵀ)·A.
             let scaled: Vec<f32> = lora_input.iter().map(|v| v * scale).collect();
-            gemm(p.outputs, n, rank, View::transposed(dy, p.outputs), View::rows(&scaled, rank), 1.0, Out::rows(&mut grad.b, rank));
+            gemm(
+                p.outputs,
+                n,
+                rank,
+                View::transposed(dy, p.outputs),
+                View::rows(&scaled, rank),
+                1.0,
+                Out::rows(&mut grad.b, rank),
+            );
             let mut dxa = vec![0.0f32; n * rank];
-            gemm(n, p.outputs, rank, View::rows(dy, p.outputs), View::rows(&lora.b, rank), 0.0, Out::rows(&mut dxa, rank));
+            gemm(
+                n,
+                p.outputs,
+                rank,
+                View::rows(dy, p.outputs),
+                View::rows(&lora.b, rank),
+                0.0,
+                Out::rows(&mut dxa, rank),
+            );
             dxa.iter_mut().for_each(|v| *v *= scale);
-            gemm(rank, n, p.inputs, View::transposed(&dxa, rank), View::rows(x, p.inputs), 1.0, Out::rows(&mut grad.a, p.inputs));
-            gemm(n, rank, p.inputs, View::rows(&dxa, rank), View::rows(&lora.a, p.inputs), 1.0, Out::rows(dx, p.inputs));
+            gemm(
+                rank,
+                n,
+                p.inputs,
+                View::transposed(&dxa, rank),
+                View::rows(x, p.inputs),
+                1.0,
+                Out::rows(&mut grad.a, p.inputs),
+            );
+            gemm(
+                n,
+                rank,
+                p.inputs,
+                View::rows(&dxa, rank),
+                View::rows(&lora.a, p.inputs),
+                1.0,
+                Out::rows(dx, p.inputs),
+            );
         }
     }
 
@@ -476,7 +530,15 @@ impl TrainModel {
         );
         let output = self.weights.output_matrix();
         let mut dscored = vec![0.0f32; m * hidden];
-        gemm(m, vocabulary, hidden, View::rows(&dlogits, vocabulary), View::rows(output, hidden), 0.0, Out::rows(&mut dscored, hidden));
+        gemm(
+            m,
+            vocabulary,
+            hidden,
+            View::rows(&dlogits, vocabulary),
+            View::rows(output, hidden),
+            0.0,
+            Out::rows(&mut dscored, hidden),
+        );
         if let Some(base) = grads.base.as_mut() {
             let target = match base.output.as_mut() {
                 Some(output) => output,
@@ -536,12 +598,37 @@ impl TrainModel {
             });
             drop(dactivated);
             let mut dnormed2 = vec![0.0f32; n * hidden];
-            self.project_back(pg, &t.normed2, &t.lora_inputs[4], &dgate, n, &mut dnormed2, base_grad.as_mut().map(|b| &mut b.gate), lora!(4));
-            self.project_back(pu, &t.normed2, &t.lora_inputs[5], &dup, n, &mut dnormed2, base_grad.as_mut().map(|b| &mut b.up), lora!(5));
+            self.project_back(
+                pg,
+                &t.normed2,
+                &t.lora_inputs[4],
+                &dgate,
+                n,
+                &mut dnormed2,
+                base_grad.as_mut().map(|b| &mut b.gate),
+                lora!(4),
+            );
+            self.project_back(
+                pu,
+                &t.normed2,
+                &t.lora_inputs[5],
+                &dup,
+                n,
+                &mut dnormed2,
+                base_grad.as_mut().map(|b| &mut b.up),
+                lora!(5),
+            );
             drop((dgate, dup));
             // dx2 = dx + the norm's backward.
             let mut dx2 = dx;
-            rms_norm_back(&t.x2, &t.scale2, &block.ffn_norm, &dnormed2, &mut dx2, base_grad.as_mut().map(|b| &mut b.ffn_norm));
+            rms_norm_back(
+                &t.x2,
+                &t.scale2,
+                &block.ffn_norm,
+                &dnormed2,
+                &mut dx2,
+                base_grad.as_mut().map(|b| &mut b.ffn_norm),
+            );
             // Attention: x2 = x + out(attention(rope(q), rope(k), v)).
             let mut dattended = vec![0.0f32; n * hidden];
             self.project_back(
@@ -558,12 +645,46 @@ impl TrainModel {
             self.rotate(&mut dq, &tape.positions, s.heads, true);
             self.rotate(&mut dk, &tape.positions, s.kv_heads, true);
             let mut dnormed1 = vec![0.0f32; n * hidden];
-            self.project_back(pq, &t.normed1, &t.lora_inputs[0], &dq, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.query), lora!(0));
-            self.project_back(pk, &t.normed1, &t.lora_inputs[1], &dk, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.key), lora!(1));
-            self.project_back(pv, &t.normed1, &t.lora_inputs[2], &dv, n, &mut dnormed1, base_grad.as_mut().map(|b| &mut b.value), lora!(2));
+            self.project_back(
+                pq,
+                &t.normed1,
+                &t.lora_inputs[0],
+                &dq,
+                n,
+                &mut dnormed1,
+                base_grad.as_mut().map(|b| &mut b.query),
+                lora!(0),
+            );
+            self.project_back(
+                pk,
+                &t.normed1,
+                &t.lora_inputs[1],
+                &dk,
+                n,
+                &mut dnormed1,
+                base_grad.as_mut().map(|b| &mut b.key),
+                lora!(1),
+            );
+            self.project_back(
+                pv,
+                &t.normed1,
+                &t.lora_inputs[2],
+                &dv,
+                n,
+                &mut dnormed1,
+                base_grad.as_mut().map(|b| &mut b.value),
+                lora!(2),
+            );
             debug_assert_eq!(dk.len(), n * kv_width);
             dx = dx2;
-            rms_norm_back(&t.x, &t.scale1, &block.attention_norm, &dnormed1, &mut dx, base_grad.as_mut().map(|b| &mut b.attention_norm));
+            rms_norm_back(
+                &t.x,
+                &t.scale1,
+                &block.attention_norm,
+                &dnormed1,
+                &mut dx,
+                base_grad.as_mut().map(|b| &mut b.attention_norm),
+            );
         }
         if let Some(base) = grads.base.as_mut() {
             for (row, &token) in dx.chunks_exact(hidden).zip(&tape.tokens) {
@@ -575,7 +696,12 @@ impl TrainModel {
     }
 
     /// Gradients of queries, keys and values from the gradient of the attended values.
-    fn attention_back(&self, t: &LayerTape, dattended: &[f32], segments: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn attention_back(
+        &self,
+        t: &LayerTape,
+        dattended: &[f32],
+        segments: &[(usize, usize)],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let s = self.shape();
         let (hidden, kv_width, head_dim, heads) = (s.hidden, s.kv_width(), s.head_dim, s.heads);
         let group = heads / s.kv_heads;
@@ -584,7 +710,8 @@ impl TrainModel {
         let mut dq = vec![0.0f32; t.q.len()];
         let mut dk = vec![0.0f32; t.k.len()];
         let mut dv = vec![0.0f32; t.v.len()];
-        let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
+        let (dq_ptr, dk_ptr, dv_ptr) =
+            (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
         let (q_len, kv_len) = (dq.len(), dk.len());
         // One job per example and key/value head: the heads of its group add into the same keys.
         let jobs: Vec<(usize, usize)> =
@@ -693,7 +820,14 @@ fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Adds the input gradient of [`rms_norm`] to `dx` and, when asked, the weight's to `dweight`.
-fn rms_norm_back(x: &[f32], scales: &[f32], weight: &[f32], dy: &[f32], dx: &mut [f32], dweight: Option<&mut Vec<f32>>) {
+fn rms_norm_back(
+    x: &[f32],
+    scales: &[f32],
+    weight: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    dweight: Option<&mut Vec<f32>>,
+) {
     let width = weight.len();
     dx.par_chunks_mut(width).zip(x.par_chunks(width)).zip(dy.par_chunks(width)).zip(scales).for_each(
         |(((dx, x), dy), &s)| {
@@ -722,17 +856,7 @@ fn zeros_like(weights: &LlamaWeights) -> LlamaWeights {
         blocks: weights
             .blocks
             .iter()
-            .map(|b| crate::weights::BlockWeights {
-                attention_norm: zero(&b.attention_norm),
-                query: zero(&b.query),
-                key: zero(&b.key),
-                value: zero(&b.value),
-                attention_out: zero(&b.attention_out),
-                ffn_norm: zero(&b.ffn_norm),
-                gate: zero(&b.gate),
-                up: zero(&b.up),
-                down: zero(&b.down),
-            })
+            .map(|b| BlockWeights::try_from_fn::<()>(|t| Ok(zero(b.tensors()[t]))).expect("infallible"))
             .collect(),
         output_norm: zero(&weights.output_norm),
         output: weights.output.as_ref().map(zero),

@@ -133,12 +133,23 @@ const CHUNK: usize = 1 << 14;
 impl AdamW {
     /// Zero moments for tensors of these lengths.
     pub fn new(lengths: &[usize]) -> AdamW {
-        AdamW { step: 0, m: lengths.iter().map(|&n| vec![0.0; n]).collect(), v: lengths.iter().map(|&n| vec![0.0; n]).collect() }
+        AdamW {
+            step: 0,
+            m: lengths.iter().map(|&n| vec![0.0; n]).collect(),
+            v: lengths.iter().map(|&n| vec![0.0; n]).collect(),
+        }
     }
 
     /// One step over `params` with `grads` (same order and lengths as at creation), after
     /// scaling the gradients by `grad_scale` (clipping).
-    pub fn update(&mut self, config: &OptimizerConfig, lr: f64, params: Vec<&mut [f32]>, grads: Vec<&[f32]>, grad_scale: f32) {
+    pub fn update(
+        &mut self,
+        config: &OptimizerConfig,
+        lr: f64,
+        params: Vec<&mut [f32]>,
+        grads: Vec<&[f32]>,
+        grad_scale: f32,
+    ) {
         self.step += 1;
         let (b1, b2) = (config.beta1 as f32, config.beta2 as f32);
         let correction1 = 1.0 - config.beta1.powi(self.step as i32);
@@ -147,16 +158,18 @@ impl AdamW {
         let (eps, decay) = (config.eps as f32, (lr * config.weight_decay) as f32);
         let root2 = correction2.sqrt() as f32;
         for (((p, g), m), v) in params.into_iter().zip(grads).zip(&mut self.m).zip(&mut self.v) {
-            p.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks_mut(CHUNK)).zip(v.par_chunks_mut(CHUNK)).for_each(
-                |(((p, g), m), v)| {
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.par_chunks_mut(CHUNK))
+                .zip(v.par_chunks_mut(CHUNK))
+                .for_each(|(((p, g), m), v)| {
                     for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
                         let g = g * grad_scale;
                         *m = b1 * *m + (1.0 - b1) * g;
                         *v = b2 * *v + (1.0 - b2) * g * g;
                         *p -= decay * *p + step_size * *m / (v.sqrt() / root2 + eps);
                     }
-                },
-            );
+                });
         }
     }
 }
@@ -166,7 +179,8 @@ pub fn global_norm(grads: &[&[f32]]) -> f64 {
     grads
         .iter()
         .map(|g| {
-            let partial: Vec<f64> = g.par_chunks(CHUNK).map(|c| c.iter().map(|&x| f64::from(x) * f64::from(x)).sum()).collect();
+            let partial: Vec<f64> =
+                g.par_chunks(CHUNK).map(|c| c.iter().map(|&x| f64::from(x) * f64::from(x)).sum()).collect();
             partial.iter().sum::<f64>()
         })
         .sum::<f64>()

@@ -169,7 +169,8 @@ fn supervised_steps_lower_the_loss_and_clipping_bounds_the_step() {
     let before = trainer.model.weights.clone();
     let config = OptimizerConfig { clip_norm: 1e-9, ..OptimizerConfig::adamw(1e-3) };
     trainer.supervised_step(&batch(), &config, 1e-3).unwrap();
-    let moved = before.embedding.iter().zip(&trainer.model.weights.embedding).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let moved =
+        before.embedding.iter().zip(&trainer.model.weights.embedding).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(moved < 2e-2, "moved {moved}");
 }
 
@@ -183,4 +184,14 @@ fn bad_batches_are_errors_not_panics() {
     assert!(error(&[1, 2, 3], &[0]).contains("position 0"));
     assert!(error(&[1, 2, 3], &[2, 1]).contains("position 1"));
     assert!(error(&vec![1; 65], &[1]).contains("context"));
+}
+
+#[test]
+fn a_hugging_face_round_trip_keeps_every_log_probability() {
+    let weights = random(tiny_shape(), false, 4);
+    let dir = tempfile::tempdir().unwrap();
+    weights.save_hf(dir.path(), None, Some(2)).unwrap();
+    let back = crate::weights::LlamaWeights::load_hf(dir.path()).unwrap();
+    let logprobs = |w| TrainModel::new(w).forward(&examples(), 1.0).unwrap().logprobs;
+    assert_eq!(logprobs(back), logprobs(weights));
 }

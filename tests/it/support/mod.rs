@@ -84,7 +84,11 @@ pub fn spawn_sesa(args: &[&str], cwd: &Path) -> Child {
 
 /// [`spawn_sesa`] with the stage kinds of `registry`.
 pub fn spawn_sesa_with(registry: ChildRegistry, args: &[&str], cwd: &Path) -> Child {
-    sesa_with(registry, args, cwd).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the child process starts")
+    sesa_with(registry, args, cwd)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the child process starts")
 }
 
 /// Writes `text` to `dir/name` and returns the path.

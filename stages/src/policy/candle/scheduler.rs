@@ -192,8 +192,9 @@ impl Inner {
             }
             return 0;
         }
-        let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
-            std::mem::take(running).into_iter().partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
+        let (done, rest): (Vec<Sequence>, Vec<Sequence>) = std::mem::take(running)
+            .into_iter()
+            .partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
         *running = rest;
         let answered = done.iter().filter(|sequence| sequence.finish == Some(FinishReason::Stop)).count();
         for sequence in done {

@@ -80,6 +80,14 @@ pub struct EvaluateConfig {
     /// Skills in the prompt or not.
     #[serde(default = "memory_off")]
     pub mode: EvalMode,
+    /// Episodes in flight at once: each holds its KV cache (45 KiB per token for SmolLM2), so
+    /// this bounds memory however many questions a benchmark has.
+    #[serde(default = "concurrency")]
+    pub concurrency: usize,
+}
+
+fn concurrency() -> usize {
+    64
 }
 
 fn memory_off() -> EvalMode {
@@ -172,6 +180,9 @@ impl Stage for Evaluate {
         if config.benchmarks.is_empty() {
             return Err(vec![ConfigProblem::new("benchmarks", "name at least one question set")]);
         }
+        if config.concurrency == 0 {
+            return Err(vec![ConfigProblem::new("concurrency", "must be at least 1")]);
+        }
         let missing: Vec<ConfigProblem> = config
             .benchmarks
             .iter()
@@ -192,9 +203,10 @@ impl Stage for Evaluate {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
         let memory = match self.config.mode {
-            EvalMode::MemoryOn => Some(cx.resource::<SkillMemory>().map_err(|_| {
-                StageError::Failed("mode `memory_on` needs a `memory:` section in the spec".into())
-            })?),
+            EvalMode::MemoryOn => Some(
+                cx.resource::<SkillMemory>()
+                    .map_err(|_| StageError::Failed("mode `memory_on` needs a `memory:` section in the spec".into()))?,
+            ),
             EvalMode::MemoryOff => None,
         };
         let mut rows = Vec::new();
@@ -211,10 +223,12 @@ impl Stage for Evaluate {
                 .iter()
                 .zip(&retrieval.blocks)
                 .map(|(q, skills)| Episode {
-                    prompt: selfplay.policy.render_chat(&selfplay.templates.solver.render(&BTreeMap::from([
-                        ("question", q.question.clone()),
-                        ("skills", skills.clone()),
-                    ]))),
+                    prompt: selfplay.policy.render_chat(
+                        &selfplay
+                            .templates
+                            .solver
+                            .render(&BTreeMap::from([("question", q.question.clone()), ("skills", skills.clone())])),
+                    ),
                     seed: 0,
                 })
                 .collect();
@@ -227,8 +241,11 @@ impl Stage for Evaluate {
                 sampling: Sampling::GREEDY,
             };
             let mut progress = cx.progress(episodes.len() as u64);
-            let trajectories = agent.run(&episodes).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?;
-            progress.inc(episodes.len() as u64);
+            let mut trajectories = Vec::with_capacity(episodes.len());
+            for chunk in episodes.chunks(self.config.concurrency) {
+                trajectories.extend(agent.run(chunk).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?);
+                progress.inc(chunk.len() as u64);
+            }
             let start = rows.len();
             for (question, trajectory) in questions.into_iter().zip(trajectories) {
                 let prediction = match &trajectory.outcome {
@@ -253,7 +270,10 @@ impl Stage for Evaluate {
             let these = &rows[start..];
             metrics.push((format!("{name}/em"), mean(these.iter().map(|r| r.em))));
             metrics.push((format!("{name}/f1"), mean(these.iter().map(|r| r.f1))));
-            metrics.push((format!("{name}/answered"), mean(these.iter().map(|r| f64::from(u8::from(r.prediction.is_some()))))));
+            metrics.push((
+                format!("{name}/answered"),
+                mean(these.iter().map(|r| f64::from(u8::from(r.prediction.is_some())))),
+            ));
             metrics.push((format!("{name}/questions"), these.len() as f64));
             let mut hops: Vec<u8> = these.iter().filter_map(|r| r.question.hops).collect();
             hops.sort_unstable();
@@ -264,7 +284,11 @@ impl Stage for Evaluate {
             }
         }
         if !self.config.benchmarks.is_empty() {
-            let ems: Vec<f64> = metrics.iter().filter(|(m, _)| m.ends_with("/em") && m.matches('/').count() == 1).map(|(_, v)| *v).collect();
+            let ems: Vec<f64> = metrics
+                .iter()
+                .filter(|(m, _)| m.ends_with("/em") && m.matches('/').count() == 1)
+                .map(|(_, v)| *v)
+                .collect();
             metrics.push(("average/em".into(), mean(ems)));
         }
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));

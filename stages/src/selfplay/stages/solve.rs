@@ -103,7 +103,8 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
         let top = bank.top_k(vector, memory.top_k);
         let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
         retrieval.blocks[k] = skills_block(&skills);
-        retrieval.skills[k] = top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
+        retrieval.skills[k] =
+            top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
     }
     Ok(retrieval)
 }
@@ -165,7 +166,12 @@ impl Stage for Solve {
                 events.push(SkillEvent {
                     similarity: Some(*similarity),
                     question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
-                    ..SkillEvent::new(SkillEventKind::Retrieved, id.clone(), description.clone(), "in the solver's prompt".into())
+                    ..SkillEvent::new(
+                        SkillEventKind::Retrieved,
+                        id.clone(),
+                        description.clone(),
+                        "in the solver's prompt".into(),
+                    )
                 });
             }
         }

@@ -131,19 +131,25 @@ impl Warmup {
             let questions = load_questions(&world.questions).map_err(|e| StageError::Failed(e.to_string()))?;
             let trainable = questions.len().saturating_sub(world.held_out);
             let used = world.limit.unwrap_or(usize::MAX).min(trainable);
-            let writer = Writer { policy: selfplay.policy.as_ref(), search: selfplay.search.as_ref(), top_k: selfplay.top_k };
+            let writer =
+                Writer { policy: selfplay.policy.as_ref(), search: selfplay.search.as_ref(), top_k: selfplay.top_k };
             let wants = |role: &str| world.roles.iter().any(|r| r == role);
             let proposer = if wants("proposer") {
                 Some(Templates::require(&selfplay.templates.proposer, "proposer")?)
             } else {
                 None
             };
-            for question in questions[..used].iter().filter(|q| world.max_hops.is_none_or(|m| q.supporting_titles.len() <= m as usize)) {
+            for question in questions[..used]
+                .iter()
+                .filter(|q| world.max_hops.is_none_or(|m| q.supporting_titles.len() <= m as usize))
+            {
                 if wants("solver") {
-                    demonstrations.extend(writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?);
+                    demonstrations
+                        .extend(writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?);
                 }
                 if let Some(template) = proposer {
-                    demonstrations.extend(writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?);
+                    demonstrations
+                        .extend(writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?);
                 }
             }
         }
@@ -161,7 +167,8 @@ impl Warmup {
 
 impl Stage for Warmup {
     const KIND: &'static str = "warmup";
-    const ABOUT: &'static str = "supervised fine-tuning on demonstrations (a generated world's, or a file of trajectories)";
+    const ABOUT: &'static str =
+        "supervised fine-tuning on demonstrations (a generated world's, or a file of trajectories)";
     type Config = WarmupConfig;
 
     fn new(config: WarmupConfig) -> Result<Self, Vec<ConfigProblem>> {
@@ -172,11 +179,13 @@ impl Stage for Warmup {
             .map(|(key, message)| ConfigProblem::new(format!("optimizer.{key}"), message))
             .collect();
         if config.world.is_none() && config.file.is_none() {
-            problems.push(ConfigProblem::new("world", "give `world:` or `file:` (or both): there is nothing to train on"));
+            problems
+                .push(ConfigProblem::new("world", "give `world:` or `file:` (or both): there is nothing to train on"));
         }
         for role in config.world.iter().flat_map(|w| &w.roles) {
             if role != "solver" && role != "proposer" {
-                problems.push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
+                problems
+                    .push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
         }
         if config.epochs == 0 || config.batch == 0 {
@@ -250,7 +259,8 @@ impl Stage for Warmup {
         let mut rows = Vec::new();
         for (epoch, chunk, report) in &reports {
             for (m, micro) in report.micro_batches.iter().enumerate() {
-                let mut roles: Vec<&str> = chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
+                let mut roles: Vec<&str> =
+                    chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
                 roles.dedup();
                 rows.push(TrainRow {
                     role: roles.join("+"),
