@@ -58,11 +58,24 @@ impl<'a> Out<'a> {
     }
 }
 
+/// A pointer into a buffer that parallel jobs write in disjoint places.
 #[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: the threads write disjoint blocks of C (see `gemm`).
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
+pub(crate) struct SharedMut(*mut f32);
+
+impl SharedMut {
+    pub(crate) fn new(data: &mut [f32]) -> SharedMut {
+        SharedMut(data.as_mut_ptr())
+    }
+
+    /// The pointer (a method, so that closures capture the whole `SharedMut`, which is Sync).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: every user writes disjoint elements from each job (see the uses).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
 
 /// `C (m×n) ← A (m×k) · B (k×n) + β·C`, split over the cores along the longer side of C.
 pub(crate) fn gemm(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, beta: f32, c: Out<'_>) {
@@ -82,9 +95,8 @@ fn gemm_with(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, beta: f32, 
     a.check(m, k, "A");
     b.check(k, n, "B");
     assert!(c.offset + (m - 1) * c.row + n <= c.data.len() && c.row >= n, "C: a {m}×{n} output past its end");
-    let base = Shared(c.data.as_mut_ptr());
+    let base = SharedMut::new(c.data);
     let run = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
-        let base = base;
         // SAFETY: bounds checked above; each call writes its own block of rows × cols.
         unsafe {
             matrixmultiply::sgemm(
@@ -99,7 +111,7 @@ fn gemm_with(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, beta: f32, 
                 b.row as isize,
                 b.col as isize,
                 beta,
-                base.0.add(c.offset + rows.start * c.row + cols.start),
+                base.get().add(c.offset + rows.start * c.row + cols.start),
                 c.row as isize,
                 1,
             );

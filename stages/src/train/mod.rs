@@ -268,6 +268,10 @@ pub fn micro_batches(lengths: &[usize], budget: usize) -> Vec<std::ops::Range<us
     batches
 }
 
+/// A loss, given a sequence's index and its scored log-probabilities: its value and its
+/// derivative with respect to each log-probability.
+pub type LossFn<'a> = dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>) + 'a;
+
 /// A model with the state its optimizer keeps.
 pub struct Trainer {
     /// The model.
@@ -309,7 +313,7 @@ impl Trainer {
         temperature: f32,
         optimizer: &OptimizerConfig,
         lr: f64,
-        loss: &mut dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>),
+        loss: &mut LossFn<'_>,
     ) -> Result<StepReport, BatchError> {
         let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
         let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();

@@ -14,7 +14,7 @@
 
 use rayon::prelude::*;
 
-use super::gemm::{Out, View, gemm, gemm_serial};
+use super::gemm::{Out, SharedMut, View, gemm, gemm_serial};
 use crate::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 /// The projections LoRA can adapt, in a block's order.
@@ -462,8 +462,8 @@ impl TrainModel {
         let offsets = prob_offsets(segments, heads);
         let mut probs = vec![0.0f32; offsets.last().copied().unwrap_or(0)];
         let mut attended = vec![0.0f32; q.len()];
-        let probs_ptr = SharedMut(probs.as_mut_ptr());
-        let attended_ptr = SharedMut(attended.as_mut_ptr());
+        let probs_ptr = SharedMut::new(&mut probs);
+        let attended_ptr = SharedMut::new(&mut attended);
         let (probs_len, attended_len) = (probs.len(), attended.len());
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
         jobs.par_iter().for_each(|&(e, head)| {
@@ -710,8 +710,7 @@ impl TrainModel {
         let mut dq = vec![0.0f32; t.q.len()];
         let mut dk = vec![0.0f32; t.k.len()];
         let mut dv = vec![0.0f32; t.v.len()];
-        let (dq_ptr, dk_ptr, dv_ptr) =
-            (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
+        let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(&mut dq), SharedMut::new(&mut dk), SharedMut::new(&mut dv));
         let (q_len, kv_len) = (dq.len(), dk.len());
         // One job per example and key/value head: the heads of its group add into the same keys.
         let jobs: Vec<(usize, usize)> =
@@ -790,17 +789,6 @@ fn prob_offsets(segments: &[(usize, usize)], heads: usize) -> Vec<usize> {
     }
     offsets
 }
-
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-impl SharedMut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: jobs write disjoint elements (see the uses).
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
 
 fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
