@@ -204,7 +204,13 @@ impl Stage for Warmup {
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
-        let training = cx.resource::<Training>()?;
+        let training = cx.resource::<Training>().map_err(|_| {
+            StageError::Failed(
+                "`warmup` trains in process: the spec's `model:` must use `backend: candle` (mistral.rs and \
+                 OpenAI-compatible servers cannot take trained weights in process)"
+                    .into(),
+            )
+        })?;
         let demonstrations = match self.demonstrations.0.get() {
             Some(loaded) => loaded.clone(),
             None => {
