@@ -566,28 +566,10 @@ impl TrainModel {
         for l in (0..s.layers).rev() {
             let t = &tape.layers[l];
             let block = &self.weights.blocks[l];
-            let projections = self.projections(l);
-            let [pq, pk, pv, po, pg, pu, pd] = &projections;
-            let mut base_grad = grads.base.as_mut().map(|b| &mut b.blocks[l]);
-            let mut lora_grad = grads.adapters.as_mut().map(|a| &mut a.blocks[l]);
-            macro_rules! lora {
-                ($m:expr) => {
-                    lora_grad.as_mut().and_then(|g| g[$m].as_mut())
-                };
-            }
             // Feed-forward: x_next = x2 + down(silu(gate) · up).
             let ffn = s.ffn;
             let mut dactivated = vec![0.0f32; n * ffn];
-            self.project_back(
-                pd,
-                &t.activated,
-                &t.lora_inputs[6],
-                &dx,
-                n,
-                &mut dactivated,
-                base_grad.as_mut().map(|b| &mut b.down),
-                lora!(6),
-            );
+            self.module_back(l, 6, t, &t.activated, &dx, &mut dactivated, grads);
             let mut dgate = vec![0.0f32; n * ffn];
             let mut dup = vec![0.0f32; n * ffn];
             dgate.par_iter_mut().zip(dup.par_iter_mut()).enumerate().for_each(|(i, (dg, du))| {
@@ -598,93 +580,27 @@ impl TrainModel {
             });
             drop(dactivated);
             let mut dnormed2 = vec![0.0f32; n * hidden];
-            self.project_back(
-                pg,
-                &t.normed2,
-                &t.lora_inputs[4],
-                &dgate,
-                n,
-                &mut dnormed2,
-                base_grad.as_mut().map(|b| &mut b.gate),
-                lora!(4),
-            );
-            self.project_back(
-                pu,
-                &t.normed2,
-                &t.lora_inputs[5],
-                &dup,
-                n,
-                &mut dnormed2,
-                base_grad.as_mut().map(|b| &mut b.up),
-                lora!(5),
-            );
+            self.module_back(l, 4, t, &t.normed2, &dgate, &mut dnormed2, grads);
+            self.module_back(l, 5, t, &t.normed2, &dup, &mut dnormed2, grads);
             drop((dgate, dup));
             // dx2 = dx + the norm's backward.
             let mut dx2 = dx;
-            rms_norm_back(
-                &t.x2,
-                &t.scale2,
-                &block.ffn_norm,
-                &dnormed2,
-                &mut dx2,
-                base_grad.as_mut().map(|b| &mut b.ffn_norm),
-            );
+            let norm_grad = grads.base.as_mut().map(|b| &mut b.blocks[l].ffn_norm);
+            rms_norm_back(&t.x2, &t.scale2, &block.ffn_norm, &dnormed2, &mut dx2, norm_grad);
             // Attention: x2 = x + out(attention(rope(q), rope(k), v)).
             let mut dattended = vec![0.0f32; n * hidden];
-            self.project_back(
-                po,
-                &t.attended,
-                &t.lora_inputs[3],
-                &dx2,
-                n,
-                &mut dattended,
-                base_grad.as_mut().map(|b| &mut b.attention_out),
-                lora!(3),
-            );
+            self.module_back(l, 3, t, &t.attended, &dx2, &mut dattended, grads);
             let (mut dq, mut dk, dv) = self.attention_back(t, &dattended, &tape.segments);
             self.rotate(&mut dq, &tape.positions, s.heads, true);
             self.rotate(&mut dk, &tape.positions, s.kv_heads, true);
             let mut dnormed1 = vec![0.0f32; n * hidden];
-            self.project_back(
-                pq,
-                &t.normed1,
-                &t.lora_inputs[0],
-                &dq,
-                n,
-                &mut dnormed1,
-                base_grad.as_mut().map(|b| &mut b.query),
-                lora!(0),
-            );
-            self.project_back(
-                pk,
-                &t.normed1,
-                &t.lora_inputs[1],
-                &dk,
-                n,
-                &mut dnormed1,
-                base_grad.as_mut().map(|b| &mut b.key),
-                lora!(1),
-            );
-            self.project_back(
-                pv,
-                &t.normed1,
-                &t.lora_inputs[2],
-                &dv,
-                n,
-                &mut dnormed1,
-                base_grad.as_mut().map(|b| &mut b.value),
-                lora!(2),
-            );
+            for (m, dy) in [(0, &dq), (1, &dk), (2, &dv)] {
+                self.module_back(l, m, t, &t.normed1, dy, &mut dnormed1, grads);
+            }
             debug_assert_eq!(dk.len(), n * kv_width);
             dx = dx2;
-            rms_norm_back(
-                &t.x,
-                &t.scale1,
-                &block.attention_norm,
-                &dnormed1,
-                &mut dx,
-                base_grad.as_mut().map(|b| &mut b.attention_norm),
-            );
+            let norm_grad = grads.base.as_mut().map(|b| &mut b.blocks[l].attention_norm);
+            rms_norm_back(&t.x, &t.scale1, &block.attention_norm, &dnormed1, &mut dx, norm_grad);
         }
         if let Some(base) = grads.base.as_mut() {
             for (row, &token) in dx.chunks_exact(hidden).zip(&tape.tokens) {
@@ -693,6 +609,17 @@ impl TrainModel {
             }
         }
         Ok(())
+    }
+
+    /// Backward of projection `m` (of [`MODULES`]) of block `l`, which was fed `x`: adds to `dx`,
+    /// and to the weight's gradient (full fine-tuning) or the adapter's (LoRA) in `grads`.
+    #[allow(clippy::too_many_arguments)]
+    fn module_back(&self, l: usize, m: usize, t: &LayerTape, x: &[f32], dy: &[f32], dx: &mut [f32], grads: &mut Grads) {
+        let projection = &self.projections(l)[m];
+        let rows = dy.len() / projection.outputs;
+        let weight_grad = grads.base.as_mut().and_then(|b| b.blocks[l].tensors_mut().into_iter().nth(PROJECTIONS[m]));
+        let lora_grad = grads.adapters.as_mut().and_then(|a| a.blocks[l][m].as_mut());
+        self.project_back(projection, x, &t.lora_inputs[m], dy, rows, dx, weight_grad, lora_grad);
     }
 
     /// Gradients of queries, keys and values from the gradient of the attended values.
