@@ -123,6 +123,10 @@ pub struct CommittedFile {
     pub bytes: u64,
     /// The fingerprint of the stage that wrote it.
     pub fingerprint: String,
+    /// Published files of earlier steps this one supersedes (a table that keeps only some
+    /// versions): deleted once this step is published, skipped by readers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supersedes: Vec<String>,
 }
 
 /// Keys inside a run's store.

@@ -29,12 +29,23 @@ pub struct TableSpec {
     pub name: String,
     /// The exact schema every batch of this table must have.
     pub schema: SchemaRef,
+    /// Keep only the latest version and those of steps that are multiples of this (a
+    /// stage's large snapshots, such as model checkpoints); `None` keeps every step.
+    pub keep_every: Option<u64>,
 }
 
 impl TableSpec {
     /// A table named `name` with `schema`.
     pub fn new(name: impl Into<String>, schema: SchemaRef) -> Self {
-        TableSpec { name: name.into(), schema }
+        TableSpec { name: name.into(), schema, keep_every: None }
+    }
+
+    /// This table keeps only its latest version and those of steps that are multiples of
+    /// `every`: when a step writes it, the engine deletes the one before unless it is kept.
+    /// The deletion is named in the step's commit record, so readers and resume skip it.
+    pub fn keep_last_and_every(mut self, every: u64) -> Self {
+        self.keep_every = Some(every.max(1));
+        self
     }
 }
 

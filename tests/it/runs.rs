@@ -187,3 +187,27 @@ fn resume_of_a_missing_run_says_where_it_looked() {
     assert_eq!(output.status.code(), Some(1));
     insta::assert_snapshot!(String::from_utf8_lossy(&output.stderr), @"error: opening run `runs/nope`: no run at `runs/nope` (no manifest.json); `sesa runs` lists the runs of a store");
 }
+
+#[test]
+fn a_table_that_keeps_every_kth_step_deletes_the_others_and_readers_skip_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = read_tables(&run_to_completion(&dir.path().join("reference"), &[]));
+    let run = run_to_completion(&dir.path().join("pruned"), &["--set", "stages.numbers.keep_every=4"]);
+    let tables = read_tables(&run);
+    let kept: Vec<u64> = tables.keys().filter(|(t, _)| t == "numbers").map(|(_, step)| *step).collect();
+    assert_eq!(kept, vec![4, 6], "the last step and the multiples of 4");
+    // Nothing else changes: the stages downstream read each step's numbers before they went.
+    for (key, batch) in &reference {
+        if key.0 != "numbers" {
+            assert_eq!(tables.get(key), Some(batch), "{key:?}");
+        } else if kept.contains(&key.1) {
+            assert_eq!(tables.get(key), Some(batch), "{key:?}");
+        }
+    }
+    let root = sesa_engine::ArtifactStore::open(dir.path().join("pruned").to_str().unwrap()).unwrap();
+    let id = run.file_name().unwrap().to_str().unwrap().to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let read = runtime.block_on(sesa_engine::read_table(&root, &id, "numbers")).unwrap();
+    assert_eq!(read.iter().map(|(step, _)| *step).collect::<Vec<_>>(), vec![4, 6]);
+    assert_no_staging(&run);
+}

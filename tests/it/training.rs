@@ -83,6 +83,7 @@ stages:
     world: {{questions: {d}/world/questions.jsonl, held_out: 10, limit: 8, rules: {{min_words: 4, min_searches: 1}}}}
     batch: 3
     optimizer: {{lr: 1.0e-3, warmup_steps: 1, schedule: cosine}}
+    keep_every: 2
   evaluate:
     kind: evaluate
     after: [warmup]
@@ -151,7 +152,8 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let reference = tables(&only_run(&reference_store));
     let versions = reference.keys().filter(|(t, _, _)| t == "policy_versions").count();
     assert_eq!(versions, 3, "one policy version per step");
-    assert!(reference.keys().any(|(t, _, _)| t == "checkpoints"));
+    let checkpoints: Vec<u64> = reference.keys().filter(|(t, _, _)| t == "checkpoints").map(|(_, s, _)| *s).collect();
+    assert_eq!(checkpoints, vec![2, 3], "keep_every 2 keeps step 2's checkpoint and the last one");
     for step in 1..=3u64 {
         // The evaluation after step n's warm start ran the weights of policy version n.
         let evals = &reference[&("evals".to_string(), step, "evaluate.parquet".to_string())];
@@ -200,11 +202,19 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let initial = ModelFiles::read(&dir.path().join("tiny")).unwrap();
     assert_ne!(exported.weights, initial.weights, "the export holds trained weights");
     assert_eq!(exported.weights.shape, initial.weights.shape);
+    let earlier = dir.path().join("export-2");
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["model", "export", run.to_str().unwrap(), "--version", "2", "--out", earlier.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_ne!(ModelFiles::read(&earlier).unwrap().weights, exported.weights, "version 2 is not the last");
     let missing = run_sesa_with(
         ChildRegistry::Stages,
-        &["model", "export", run.to_str().unwrap(), "--version", "9", "--out", export.to_str().unwrap()],
+        &["model", "export", run.to_str().unwrap(), "--version", "1", "--out", export.to_str().unwrap()],
         dir.path(),
     );
     assert_ne!(missing.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 9"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 1"), "deleted by keep_every");
 }

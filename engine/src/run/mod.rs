@@ -306,10 +306,18 @@ pub async fn read_table(root: &ArtifactStore, run_id: &str, table: &str) -> Resu
     let mut steps: Vec<u64> =
         store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).collect();
     steps.sort_unstable();
-    let mut batches = Vec::new();
+    let mut commits = Vec::with_capacity(steps.len());
     for step in steps {
-        let commit = read_commit(&store, step).await?;
-        for file in commit.files.iter().filter(|f| f.table == table) {
+        commits.push((step, read_commit(&store, step).await?));
+    }
+    let superseded: std::collections::HashSet<&str> = commits
+        .iter()
+        .flat_map(|(_, c)| c.files.iter().flat_map(|f| f.supersedes.iter().map(String::as_str)))
+        .collect();
+    let mut batches = Vec::new();
+    for (step, commit) in &commits {
+        let step = *step;
+        for file in commit.files.iter().filter(|f| f.table == table && !superseded.contains(f.path.as_str())) {
             let bytes = match store.get(&file.path).await? {
                 Some(bytes) => bytes,
                 None => store.get(&file.staging).await?.ok_or_else(|| RunError::Corrupt {
@@ -337,9 +345,17 @@ async fn read_commit(store: &ArtifactStore, step: u64) -> Result<StepCommit, Run
         .map_err(|e| RunError::Corrupt { location: store.describe(&key), reason: e.to_string() })
 }
 
-/// Moves a committed step's files from staging to their published place. Idempotent, so a
-/// crash halfway is finished by running it again.
+/// Moves a committed step's files from staging to their published place, then deletes the
+/// files they supersede. Idempotent, so a crash halfway is finished by running it again.
 async fn publish(store: &ArtifactStore, commit: &StepCommit) -> Result<(), RunError> {
+    publish_files(store, commit).await?;
+    for old in commit.files.iter().flat_map(|f| &f.supersedes) {
+        store.delete(old).await?;
+    }
+    Ok(())
+}
+
+async fn publish_files(store: &ArtifactStore, commit: &StepCommit) -> Result<(), RunError> {
     for file in &commit.files {
         let staged = store.exists(&file.staging).await?;
         if store.exists(&file.path).await? {

@@ -196,6 +196,13 @@ async fn run_stage(
         let bytes = encoded.len() as u64;
         job.store.put(&staging, encoded).await?;
         rows.insert(table.name.clone(), batch.num_rows() as u64);
+        // The table's previous version goes unless its step is one to keep.
+        let supersedes = match (table.keep_every, job.latest.get(&table.name)) {
+            (Some(every), Some((previous, _))) if previous % every != 0 => {
+                vec![layout::table(&table.name, *previous, &instance.name)]
+            }
+            _ => Vec::new(),
+        };
         files.push(CommittedFile {
             table: table.name.clone(),
             staging,
@@ -203,6 +210,7 @@ async fn run_stage(
             rows: batch.num_rows() as u64,
             bytes,
             fingerprint: fingerprint.clone(),
+            supersedes,
         });
     }
     let wall_ms = clock.elapsed().as_millis() as u64;

@@ -171,7 +171,8 @@ pub struct PolicyVersion {
     pub stage: String,
     /// `full` or `lora`.
     pub method: String,
-    /// Where its tensors are: the `checkpoints` table's partition of this step.
+    /// Where its tensors are: the `checkpoints` table's partition of this step (deleted
+    /// once superseded, when the stage keeps only some checkpoints).
     pub checkpoint: String,
     /// SHA-256 of the tensors' bytes, in table order.
     pub sha256: String,
@@ -323,7 +324,10 @@ pub async fn weights_at(
     }
     let Some(checkpoint) = found else {
         return Err(corrupt(match version {
-            Some(v) => format!("no policy version {v} (see the `policy_versions` table)"),
+            Some(v) => format!(
+                "no policy version {v}: see the `policy_versions` table (a stage's `keep_every` may have \
+                 deleted its checkpoint)"
+            ),
             None => "the run has trained no policy version".into(),
         }));
     };

@@ -53,6 +53,9 @@ pub struct NumbersConfig {
     /// Simulated work per step, in milliseconds.
     #[serde(default)]
     pub delay_ms: u64,
+    /// Keep only the latest step's numbers and every k-th step's.
+    #[serde(default)]
+    pub keep_every: Option<u64>,
 }
 
 impl Stage for Numbers {
@@ -68,7 +71,11 @@ impl Stage for Numbers {
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
-        vec![TableSpec::new("numbers", schema(&["item", "value"]))]
+        let table = TableSpec::new("numbers", schema(&["item", "value"]));
+        vec![match self.config.keep_every {
+            Some(every) => table.keep_last_and_every(every),
+            None => table,
+        }]
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {

@@ -71,6 +71,10 @@ pub struct WarmupConfig {
     pub batch: usize,
     /// AdamW and the learning-rate schedule.
     pub optimizer: OptimizerConfig,
+    /// Checkpoints kept: the latest and those of steps that are multiples of this (a full
+    /// SmolLM2 checkpoint is 1.6 GB); every one by default.
+    #[serde(default)]
+    pub keep_every: Option<u64>,
 }
 
 fn one() -> usize {
@@ -188,6 +192,9 @@ impl Stage for Warmup {
                     .push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
         }
+        if config.keep_every == Some(0) {
+            problems.push(ConfigProblem::new("keep_every", "must be at least 1"));
+        }
         if config.epochs == 0 || config.batch == 0 {
             problems.push(ConfigProblem::new("batch", "epochs and batch must be at least 1"));
         }
@@ -198,7 +205,11 @@ impl Stage for Warmup {
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
-        vec![train_steps_table(), policy_versions_table(), checkpoints_table(), metrics_table()]
+        let checkpoints = match self.config.keep_every {
+            Some(every) => checkpoints_table().keep_last_and_every(every),
+            None => checkpoints_table(),
+        };
+        vec![train_steps_table(), policy_versions_table(), checkpoints, metrics_table()]
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
