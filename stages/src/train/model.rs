@@ -635,36 +635,33 @@ impl TrainModel {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let offsets = prob_offsets(segments, heads);
         let mut dq = vec![0.0f32; t.q.len()];
-        let mut dk = vec![0.0f32; t.k.len()];
-        let mut dv = vec![0.0f32; t.v.len()];
-        let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(&mut dq), SharedMut::new(&mut dk), SharedMut::new(&mut dv));
-        let (q_len, kv_len) = (dq.len(), dk.len());
-        // One job per example and key/value head: the heads of its group add into the same keys.
-        let jobs: Vec<(usize, usize)> =
-            (0..segments.len()).flat_map(|e| (0..s.kv_heads).map(move |g| (e, g))).collect();
-        jobs.par_iter().for_each_init(Vec::new, |dscores, &(e, kv_head)| {
-            let (start, len) = segments[e];
-            let kv_offset = kv_head * head_dim;
-            // SAFETY: each job writes its own example's rows of its own head columns.
-            let dq = unsafe { std::slice::from_raw_parts_mut(dq_ptr.get(), q_len) };
-            let dk = unsafe { std::slice::from_raw_parts_mut(dk_ptr.get(), kv_len) };
-            let dv = unsafe { std::slice::from_raw_parts_mut(dv_ptr.get(), kv_len) };
-            for head in kv_head * group..(kv_head + 1) * group {
+        let dq_ptr = SharedMut::new(&mut dq);
+        let q_len = dq.len();
+        // One job per example and head (two cores stay busy with nine heads); each head's
+        // share of its key/value head's gradients goes to its own block, summed below in head
+        // order, so the result does not depend on the schedule.
+        let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
+        let partials: Vec<(Vec<f32>, Vec<f32>)> = jobs
+            .par_iter()
+            .map(|&(e, head)| {
+                let (start, len) = segments[e];
+                let kv_offset = (head / group) * head_dim;
                 let probs = &t.probs[offsets[e * heads + head]..][..len * len];
                 let q_at = start * hidden + head * head_dim;
                 let kv_at = start * kv_width + kv_offset;
-                // dV += Pᵀ·dO.
+                let (mut dk, mut dv) = (vec![0.0f32; len * head_dim], vec![0.0f32; len * head_dim]);
+                // dV = Pᵀ·dO.
                 gemm_serial(
                     len,
                     len,
                     head_dim,
                     View::transposed(probs, len),
                     View::rows(dattended, hidden).at(q_at),
-                    1.0,
-                    Out { data: &mut *dv, offset: kv_at, row: kv_width },
+                    0.0,
+                    Out::rows(&mut dv, head_dim),
                 );
                 // dP = dO·Vᵀ, then dS = P ∘ (dP − rowsum(dP ∘ P)), times the score scale.
-                dscores.resize(len * len, 0.0);
+                let mut dscores = vec![0.0f32; len * len];
                 gemm_serial(
                     len,
                     head_dim,
@@ -672,7 +669,7 @@ impl TrainModel {
                     View::rows(dattended, hidden).at(q_at),
                     View::transposed(&t.v, kv_width).at(kv_at),
                     0.0,
-                    Out::rows(dscores, len),
+                    Out::rows(&mut dscores, len),
                 );
                 for (i, (drow, prow)) in dscores.chunks_exact_mut(len).zip(probs.chunks_exact(len)).enumerate() {
                     let dot: f32 = drow[..=i].iter().zip(&prow[..=i]).map(|(d, p)| d * p).sum();
@@ -681,27 +678,41 @@ impl TrainModel {
                     }
                     drow[i + 1..].iter_mut().for_each(|d| *d = 0.0);
                 }
-                // dQ = dS·K; dK += dSᵀ·Q.
+                // dQ = dS·K (this head's own columns); dK = dSᵀ·Q.
+                // SAFETY: each job writes its own example's rows of its own head's columns.
+                let dq = unsafe { std::slice::from_raw_parts_mut(dq_ptr.get(), q_len) };
                 gemm_serial(
                     len,
                     len,
                     head_dim,
-                    View::rows(dscores, len),
+                    View::rows(&dscores, len),
                     View::rows(&t.k, kv_width).at(kv_at),
                     0.0,
-                    Out { data: &mut *dq, offset: q_at, row: hidden },
+                    Out { data: dq, offset: q_at, row: hidden },
                 );
                 gemm_serial(
                     len,
                     len,
                     head_dim,
-                    View::transposed(dscores, len),
+                    View::transposed(&dscores, len),
                     View::rows(&t.q, hidden).at(q_at),
-                    1.0,
-                    Out { data: &mut *dk, offset: kv_at, row: kv_width },
+                    0.0,
+                    Out::rows(&mut dk, head_dim),
                 );
+                (dk, dv)
+            })
+            .collect();
+        let mut dk = vec![0.0f32; t.k.len()];
+        let mut dv = vec![0.0f32; t.v.len()];
+        for (&(e, head), (pk, pv)) in jobs.iter().zip(&partials) {
+            let (start, _) = segments[e];
+            let kv_offset = (head / group) * head_dim;
+            for (row, (k, v)) in pk.chunks_exact(head_dim).zip(pv.chunks_exact(head_dim)).enumerate() {
+                let at = (start + row) * kv_width + kv_offset;
+                dk[at..at + head_dim].iter_mut().zip(k).for_each(|(d, x)| *d += x);
+                dv[at..at + head_dim].iter_mut().zip(v).for_each(|(d, x)| *d += x);
             }
-        });
+        }
         (dq, dk, dv)
     }
 }
