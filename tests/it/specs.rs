@@ -72,7 +72,7 @@ fn unknown_keys_in_a_stage_are_rejected() {
     let text = "name: t\nseed: 1\nsteps: 2\nstages:\n  numbers:\n    kind: numbers\n    rows: 3\n    rowz: 4\n";
     insta::assert_snapshot!(problems(text), @"
     the spec has 1 problem:
-      - [DIR]/spec.yaml:8: stages.numbers.rowz: unknown field `rowz`, expected `rows` or `delay_ms`
+      - [DIR]/spec.yaml:8: stages.numbers.rowz: unknown field `rowz`, expected one of `rows`, `delay_ms`, `keep_every`
     ");
 }
 
