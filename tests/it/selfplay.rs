@@ -191,9 +191,17 @@ async fn run_loop_interrupted(
         assert_eq!(resumed.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
     }
     let mut tables = BTreeMap::new();
-    for table in
-        ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events", "step_metrics"]
-    {
+    for table in [
+        "proposals",
+        "verifications",
+        "rollouts",
+        "rewards",
+        "failures",
+        "skills",
+        "skill_events",
+        "step_metrics",
+        "evals",
+    ] {
         tables.insert(table.to_string(), read_table(&root, run.id(), table).await.unwrap());
     }
     let run_dir = dir.path().join("runs").join(run.id());
@@ -326,6 +334,48 @@ async fn ablations_differ_exactly_where_they_should() {
         }
     }
     assert!(checked > 0);
+}
+
+/// Greedy evaluation with the bank's skills in the solver's prompt and without: same
+/// questions, one row each per step, the bank version recorded only with memory on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluation_runs_with_memory_on_and_off() {
+    let questions = world().join("world/questions.jsonl");
+    let questions = questions.to_str().unwrap();
+    let stages = format!(
+        "  eval_on: {{kind: evaluate, after: [solve], mode: memory_on, benchmarks: {{world: {{questions: {questions}, limit: 3}}}}}}\n  \
+         eval_off: {{kind: evaluate, after: [solve], benchmarks: {{world: {{questions: {questions}, last: 3}}}}}}\n  consolidate:"
+    );
+    let (run, tables) = run_loop(&[("  consolidate:", &stages)]).await;
+    let evals = &tables["evals"];
+    assert_eq!(evals.len(), 2 * 4, "two evaluations a step, four steps");
+    for (_, batch) in evals {
+        assert_eq!(batch.num_rows(), 3);
+        let mode = strings(batch, "mode");
+        let banks = batch.column_by_name("bank_version").unwrap();
+        let banks = banks.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
+        match mode[0].as_str() {
+            "memory_on" => assert!(banks.iter().all(|v| v.unwrap() >= 1), "the primed bank is version 1"),
+            _ => assert!(banks.iter().all(|v| v == Some(0))),
+        }
+    }
+    // Memory on: the first three questions' prompts show skills; memory off: the last three's
+    // never do.
+    let contexts = run.contexts.lock().unwrap();
+    let file = std::fs::read_to_string(world().join("world/questions.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = file.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let prompts = |q: &serde_json::Value| -> Vec<String> {
+        let question = q["question"].as_str().unwrap();
+        contexts.iter().filter(|c| c.contains(question)).cloned().collect()
+    };
+    for question in &lines[..3] {
+        assert!(prompts(question).iter().any(|c| c.contains("Search strategies that helped")), "{question}");
+    }
+    for question in &lines[lines.len() - 3..] {
+        let prompts = prompts(question);
+        assert!(!prompts.is_empty(), "{question} was evaluated");
+        assert!(prompts.iter().all(|c| !c.contains("Search strategies that helped")), "{question}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
