@@ -86,7 +86,7 @@ pub use crate::plan::{GraphFormat, Pipeline};
 pub use crate::progress::{Progress, ProgressMode, StageProgress};
 pub use crate::registry::{Registry, Section};
 pub use crate::resources::Resources;
-pub use crate::run::{Run, RunError, RunOutcome, StopRequest, list_runs, read_table};
+pub use crate::run::{Run, RunError, RunOutcome, Steps, StopRequest, list_runs, read_table, read_table_steps};
 pub use crate::spec::{SpecError, SpecErrors};
 pub use crate::stage::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 pub use crate::store::{ArtifactStore, StoreError};

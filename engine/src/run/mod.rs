@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use self::error::RunError;
-use crate::manifest::{RunManifest, RunStatus, StepCommit, layout, now};
+use crate::manifest::{CommittedFile, RunManifest, RunStatus, StepCommit, layout, now};
 use crate::plan::Pipeline;
 use crate::progress::Progress;
 use crate::registry::Registry;
@@ -299,6 +299,28 @@ impl Run {
 /// in the order of the commit record), with the step that wrote it. Read-only: safe while the
 /// run is live, and it sees a committed step whose files are not published yet.
 pub async fn read_table(root: &ArtifactStore, run_id: &str, table: &str) -> Result<Vec<(u64, RecordBatch)>, RunError> {
+    read_table_steps(root, run_id, table, Steps::All).await
+}
+
+/// Which committed steps of a table to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steps {
+    /// Every one.
+    All,
+    /// The last step that wrote the table.
+    Last,
+    /// This step only.
+    Only(u64),
+}
+
+/// [`read_table`] of the chosen steps only: the others' files are never fetched or decoded
+/// (a table of large snapshots, such as model checkpoints, is read one step at a time).
+pub async fn read_table_steps(
+    root: &ArtifactStore,
+    run_id: &str,
+    table: &str,
+    which: Steps,
+) -> Result<Vec<(u64, RecordBatch)>, RunError> {
     let store = root.scoped(run_id);
     if !store.exists(layout::MANIFEST).await? {
         return Err(RunError::NotARun { location: store.describe("") });
@@ -314,23 +336,30 @@ pub async fn read_table(root: &ArtifactStore, run_id: &str, table: &str) -> Resu
         .iter()
         .flat_map(|(_, c)| c.files.iter().flat_map(|f| f.supersedes.iter().map(String::as_str)))
         .collect();
+    let files: Vec<(u64, &CommittedFile)> = commits
+        .iter()
+        .flat_map(|(step, c)| c.files.iter().map(move |f| (*step, f)))
+        .filter(|(_, f)| f.table == table && !superseded.contains(f.path.as_str()))
+        .collect();
+    let chosen = match which {
+        Steps::All => None,
+        Steps::Last => files.last().map(|(step, _)| *step),
+        Steps::Only(step) => Some(step),
+    };
     let mut batches = Vec::new();
-    for (step, commit) in &commits {
-        let step = *step;
-        for file in commit.files.iter().filter(|f| f.table == table && !superseded.contains(f.path.as_str())) {
-            let bytes = match store.get(&file.path).await? {
-                Some(bytes) => bytes,
-                None => store.get(&file.staging).await?.ok_or_else(|| RunError::Corrupt {
-                    location: store.describe(&file.path),
-                    reason: "committed but missing".into(),
-                })?,
-            };
-            let batch = tokio::task::spawn_blocking(move || decode_parquet(bytes))
-                .await
-                .map_err(|e| RunError::Internal(e.to_string()))?
-                .map_err(|e| RunError::Corrupt { location: store.describe(&file.path), reason: e.to_string() })?;
-            batches.push((step, batch));
-        }
+    for (step, file) in files.into_iter().filter(|(step, _)| chosen.is_none_or(|chosen| chosen == *step)) {
+        let bytes = match store.get(&file.path).await? {
+            Some(bytes) => bytes,
+            None => store.get(&file.staging).await?.ok_or_else(|| RunError::Corrupt {
+                location: store.describe(&file.path),
+                reason: "committed but missing".into(),
+            })?,
+        };
+        let batch = tokio::task::spawn_blocking(move || decode_parquet(bytes))
+            .await
+            .map_err(|e| RunError::Internal(e.to_string()))?
+            .map_err(|e| RunError::Corrupt { location: store.describe(&file.path), reason: e.to_string() })?;
+        batches.push((step, batch));
     }
     Ok(batches)
 }

@@ -155,6 +155,16 @@ impl Bm25Index {
         Ok(IndexStats { passages, bytes: reader.bytes_read() })
     }
 
+    /// Opens the index at `index`, first building it from `corpus` if it is missing (logged:
+    /// a large corpus takes a while).
+    pub fn open_or_build(corpus: &Path, index: &Path) -> Result<Bm25Index, SearchError> {
+        if !index.exists() {
+            tracing::info!(corpus = %corpus.display(), index = %index.display(), "building the search index");
+            Bm25Index::build(corpus, index, |_| {})?;
+        }
+        Bm25Index::open(index)
+    }
+
     /// Opens an index built by [`Bm25Index::build`].
     pub fn open(path: &Path) -> Result<Bm25Index, SearchError> {
         let index_error = |message: String| SearchError::Index { path: path.display().to_string(), message };

@@ -63,13 +63,12 @@ impl Section for SearchConfig {
 impl SearchConfig {
     /// Opens the backend, first building a missing BM25 index from the configured corpus.
     pub fn open_or_build(&self) -> Result<Arc<dyn Search>, SearchError> {
-        if let Backend::Bm25 { index, corpus: Some(corpus) } = &self.backend
-            && !index.exists()
-        {
-            tracing::info!(corpus = %corpus.display(), index = %index.display(), "building the search index");
-            Bm25Index::build(corpus, index, |_| {})?;
+        match &self.backend {
+            Backend::Bm25 { index, corpus: Some(corpus) } => {
+                Ok(Arc::new(Arc::new(Bm25Index::open_or_build(corpus, index)?)))
+            }
+            _ => self.open(),
         }
-        self.open()
     }
 
     /// Opens the backend. The index is opened (not built): a missing index is an error that

@@ -15,7 +15,9 @@ use arrow_array::RecordBatch;
 use arrow_schema::ArrowError;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ArtifactStore, ConfigProblem, RunError, Section, StageError, TableSpec, read_table};
+use sesa_engine::{
+    ArtifactStore, ConfigProblem, RunError, Section, StageError, Steps, TableSpec, read_table, read_table_steps,
+};
 use sha2::{Digest, Sha256};
 
 use crate::columns::{Columns, Reader, schema_of};
@@ -96,12 +98,7 @@ impl Training {
     }
 
     fn initial(&self) -> Result<TrainModel, String> {
-        let weights = crate::policy::ModelFiles::read(&self.source)?.weights;
-        let mut model = TrainModel::new(weights);
-        if let Method::Lora { rank, alpha, targets } = &self.section.method {
-            model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
-        }
-        Ok(model)
+        Ok(model_for(crate::policy::ModelFiles::read(&self.source)?.weights, &self.section.method))
     }
 
     /// The trainer state, loading the initial weights on first use; the caller puts it back
@@ -133,18 +130,27 @@ impl Training {
         policy: &dyn Policy,
     ) -> Result<(), RunError> {
         let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
-        let Some(batch) = read_table(root, run_id, "checkpoints").await?.into_iter().map(|(_, b)| b).last() else {
+        let Some((_, batch)) = read_table_steps(root, run_id, "checkpoints", Steps::Last).await?.pop() else {
             return Ok(());
         };
         let checkpoint = Checkpoint::read(&batch).map_err(|e| corrupt(e.to_string()))?;
         let mut state = self.take().await.map_err(|e| corrupt(e.to_string()))?;
         checkpoint.apply(&mut state).map_err(corrupt)?;
-        let weights = state.trainer.model.serving_weights();
-        let version = state.version;
-        policy.load_weights(&weights, version).map_err(|e| corrupt(e.to_string()))?;
+        policy
+            .load_weights(&state.trainer.model.serving_weights(), state.version)
+            .map_err(|e| corrupt(e.to_string()))?;
         self.put(state).await;
         Ok(())
     }
+}
+
+/// A model to train from `weights`: full fine-tuning, or fresh LoRA adapters on them.
+fn model_for(weights: LlamaWeights, method: &Method) -> TrainModel {
+    let mut model = TrainModel::new(weights);
+    if let Method::Lora { rank, alpha, targets } = method {
+        model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
+    }
+    model
 }
 
 /// The `policy_versions` table: one row per version a training stage made.
@@ -154,7 +160,7 @@ pub fn policy_versions_batch(rows: &[PolicyVersion]) -> Result<RecordBatch, Arro
         .u64("parent_version", rows.iter().map(|r| r.parent))
         .str("stage", rows.iter().map(|r| r.stage.as_str()))
         .str("method", rows.iter().map(|r| r.method.as_str()))
-        .str("checkpoint", rows.iter().map(|r| r.checkpoint.as_str()))
+        .u64("checkpoint_step", rows.iter().map(|r| r.checkpoint_step))
         .str("sha256", rows.iter().map(|r| r.sha256.as_str()))
         .u64("checkpoint_bytes", rows.iter().map(|r| r.bytes))
         .u64("tokens_trained", rows.iter().map(|r| r.tokens_trained))
@@ -171,9 +177,9 @@ pub struct PolicyVersion {
     pub stage: String,
     /// `full` or `lora`.
     pub method: String,
-    /// Where its tensors are: the `checkpoints` table's partition of this step (deleted
-    /// once superseded, when the stage keeps only some checkpoints).
-    pub checkpoint: String,
+    /// The step whose `checkpoints` rows hold its tensors (deleted once superseded, when the
+    /// stage keeps only some checkpoints).
+    pub checkpoint_step: u64,
     /// SHA-256 of the tensors' bytes, in table order.
     pub sha256: String,
     /// Bytes of tensors.
@@ -192,7 +198,8 @@ pub fn checkpoints_table() -> TableSpec {
     TableSpec::new("checkpoints", schema_of(|| Checkpoint::default().batch()))
 }
 
-/// The tensors of one policy version: what is trained and the optimizer's moments.
+/// The tensors of one policy version: what is trained and the optimizer's moments, as the
+/// little-endian F32 bytes the table stores (converted once, hashed and written as they are).
 #[derive(Debug, Default)]
 pub struct Checkpoint {
     /// The version.
@@ -201,8 +208,23 @@ pub struct Checkpoint {
     pub adam_step: u64,
     /// Tokens trained on over all versions up to this one.
     pub tokens_trained: u64,
-    /// (name, values) of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
-    pub tensors: Vec<(String, Vec<f32>)>,
+    /// (name, bytes) of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
+    pub tensors: Vec<(String, Vec<u8>)>,
+}
+
+fn to_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Overwrites `target` with the F32 values of `bytes`, which must be as many.
+fn fill_from(target: &mut [f32], bytes: &[u8], what: &str) -> Result<(), String> {
+    if bytes.len() != 4 * target.len() {
+        return Err(format!("{what}: {} values where {} are expected", bytes.len() / 4, target.len()));
+    }
+    for (value, chunk) in target.iter_mut().zip(bytes.chunks_exact(4)) {
+        *value = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+    }
+    Ok(())
 }
 
 impl Checkpoint {
@@ -210,92 +232,76 @@ impl Checkpoint {
     pub fn of(state: &TrainState) -> Checkpoint {
         let model = &state.trainer.model;
         let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
-        let mut tensors: Vec<(String, Vec<f32>)> =
-            model.trained().into_iter().enumerate().map(|(i, t)| (format!("{kind}.{i}"), t.clone())).collect();
         let adam = &state.trainer.adam;
-        tensors.extend(adam.m.iter().enumerate().map(|(i, t)| (format!("adam_m.{i}"), t.clone())));
-        tensors.extend(adam.v.iter().enumerate().map(|(i, t)| (format!("adam_v.{i}"), t.clone())));
+        let mut tensors = Vec::new();
+        for (prefix, group) in
+            [(kind, model.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())]
+        {
+            tensors.extend(group.into_iter().enumerate().map(|(i, t)| (format!("{prefix}.{i}"), to_bytes(t))));
+        }
         Checkpoint { version: state.version, adam_step: adam.step, tokens_trained: state.tokens_trained, tensors }
-    }
-
-    fn bytes(values: &[f32]) -> Vec<u8> {
-        values.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
     /// SHA-256 of the tensors' bytes and their total size.
     pub fn digest(&self) -> (String, u64) {
         let mut hasher = Sha256::new();
-        let mut total = 0;
-        for (_, values) in &self.tensors {
-            let bytes = Self::bytes(values);
-            total += bytes.len() as u64;
-            hasher.update(&bytes);
+        for (_, bytes) in &self.tensors {
+            hasher.update(bytes);
         }
-        (format!("{:x}", hasher.finalize()), total)
+        (format!("{:x}", hasher.finalize()), self.tensors.iter().map(|(_, b)| b.len() as u64).sum())
     }
 
     /// As a table.
     pub fn batch(&self) -> Result<RecordBatch, ArrowError> {
-        let bytes: Vec<Vec<u8>> = self.tensors.iter().map(|(_, v)| Self::bytes(v)).collect();
         Columns::default()
             .u64("version", self.tensors.iter().map(|_| self.version))
             .u64("adam_step", self.tensors.iter().map(|_| self.adam_step))
             .u64("tokens_trained", self.tensors.iter().map(|_| self.tokens_trained))
             .str("tensor", self.tensors.iter().map(|(n, _)| n.as_str()))
-            .bytes("values", bytes.iter().map(Vec::as_slice))
+            .bytes("values", self.tensors.iter().map(|(_, b)| b.as_slice()))
             .finish()
     }
 
     /// From a table.
     pub fn read(batch: &RecordBatch) -> Result<Checkpoint, StageError> {
         let reader = Reader::new("checkpoints", batch);
-        let versions = reader.u64("version")?;
-        let steps = reader.u64("adam_step")?;
-        let tokens = reader.u64("tokens_trained")?;
+        let first = |column: &str| -> Result<u64, StageError> { Ok(reader.u64(column)?.first().copied().unwrap_or(0)) };
         let names = reader.str("tensor")?;
         let values = reader.bytes("values")?;
-        let tensors = names
-            .iter()
-            .zip(values)
-            .map(|(name, bytes)| {
-                let floats = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                (name.to_string(), floats)
-            })
-            .collect();
         Ok(Checkpoint {
-            version: versions.first().copied().unwrap_or(0),
-            adam_step: steps.first().copied().unwrap_or(0),
-            tokens_trained: tokens.first().copied().unwrap_or(0),
-            tensors,
+            version: first("version")?,
+            adam_step: first("adam_step")?,
+            tokens_trained: first("tokens_trained")?,
+            tensors: names.iter().zip(values).map(|(name, bytes)| (name.to_string(), bytes.to_vec())).collect(),
         })
+    }
+
+    /// Puts the trained tensors into `model` (lengths checked); returns the optimizer's.
+    fn apply_to_model<'a>(&'a self, model: &mut TrainModel) -> Result<&'a [(String, Vec<u8>)], String> {
+        let targets = model.trained_mut();
+        if self.tensors.len() < targets.len() {
+            return Err(format!(
+                "{} tensors, fewer than the {} trained here (another method or model?)",
+                self.tensors.len(),
+                targets.len()
+            ));
+        }
+        let (trained, rest) = self.tensors.split_at(targets.len());
+        for (target, (name, bytes)) in targets.into_iter().zip(trained) {
+            fill_from(target, bytes, name)?;
+        }
+        Ok(rest)
     }
 
     /// Puts the checkpoint's tensors into `state` (shapes checked).
     pub fn apply(self, state: &mut TrainState) -> Result<(), String> {
         let trainer = &mut state.trainer;
-        let count = trainer.adam.m.len();
-        if self.tensors.len() != 3 * count {
-            return Err(format!(
-                "{} tensors, expected {} for this trainer (another method or model?)",
-                self.tensors.len(),
-                3 * count
-            ));
+        let moments = self.apply_to_model(&mut trainer.model)?;
+        if moments.len() != trainer.adam.m.len() + trainer.adam.v.len() {
+            return Err(format!("{} optimizer moments, expected {}", moments.len(), 2 * trainer.adam.m.len()));
         }
-        let mut tensors = self.tensors.into_iter().map(|(_, v)| v);
-        let targets: Vec<&mut Vec<f32>> = trainer.model.trained_mut();
-        for target in targets {
-            let values = tensors.next().expect("counted");
-            if values.len() != target.len() {
-                return Err(format!("a tensor of {} values where {} are trained", values.len(), target.len()));
-            }
-            *target = values;
-        }
-        for moment in trainer.adam.m.iter_mut().chain(trainer.adam.v.iter_mut()) {
-            let values = tensors.next().expect("counted");
-            if values.len() != moment.len() {
-                return Err(format!("an optimizer moment of {} values, expected {}", values.len(), moment.len()));
-            }
-            *moment = values;
+        for (moment, (name, bytes)) in trainer.adam.m.iter_mut().chain(trainer.adam.v.iter_mut()).zip(moments) {
+            fill_from(moment, bytes, name)?;
         }
         trainer.adam.step = self.adam_step;
         state.version = self.version;
@@ -305,7 +311,8 @@ impl Checkpoint {
 }
 
 /// Restores the weights of `version` (the last one when `None`) from a run's checkpoints
-/// into a model built from `initial` as `method` says: what `sesa model export` serves.
+/// into a model built from `initial` as `method` says: what `sesa model export` serves. Only
+/// that version's checkpoint is read.
 pub async fn weights_at(
     root: &ArtifactStore,
     run_id: &str,
@@ -314,28 +321,32 @@ pub async fn weights_at(
     method: &Method,
 ) -> Result<(u64, LlamaWeights), RunError> {
     let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
-    let batches = read_table(root, run_id, "checkpoints").await?;
-    let mut found = None;
-    for (_, batch) in batches {
-        let checkpoint = Checkpoint::read(&batch).map_err(|e| corrupt(e.to_string()))?;
-        if version.is_none_or(|v| v == checkpoint.version) {
-            found = Some(checkpoint);
-        }
+    let mut made = Vec::new();
+    for (_, batch) in read_table(root, run_id, "policy_versions").await? {
+        let reader = Reader::new("policy_versions", &batch);
+        let (versions, steps) = (
+            reader.u64("version").map_err(|e| corrupt(e.to_string()))?,
+            reader.u64("checkpoint_step").map_err(|e| corrupt(e.to_string()))?,
+        );
+        made.extend(versions.into_iter().zip(steps));
     }
-    let Some(checkpoint) = found else {
-        return Err(corrupt(match version {
-            Some(v) => format!(
-                "no policy version {v}: see the `policy_versions` table (a stage's `keep_every` may have \
-                 deleted its checkpoint)"
-            ),
-            None => "the run has trained no policy version".into(),
-        }));
+    let found = match version {
+        Some(v) => made.iter().find(|(made, _)| *made == v),
+        None => made.last(),
     };
-    let mut model = TrainModel::new(initial);
-    if let Method::Lora { rank, alpha, targets } = method {
-        model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
-    }
-    let mut state = TrainState { trainer: Trainer::new(model, 1), version: 0, tokens_trained: 0 };
-    checkpoint.apply(&mut state).map_err(corrupt)?;
-    Ok((state.version, state.trainer.model.serving_weights()))
+    let missing = || match version {
+        Some(v) => format!(
+            "no policy version {v}: see the `policy_versions` table (a stage's `keep_every` may have deleted its \
+             checkpoint)"
+        ),
+        None => "the run has trained no policy version".into(),
+    };
+    let &(version, step) = found.ok_or_else(|| corrupt(missing()))?;
+    let Some((_, batch)) = read_table_steps(root, run_id, "checkpoints", Steps::Only(step)).await?.pop() else {
+        return Err(corrupt(missing()));
+    };
+    let checkpoint = Checkpoint::read(&batch).map_err(|e| corrupt(e.to_string()))?;
+    let mut model = model_for(initial, method);
+    checkpoint.apply_to_model(&mut model).map_err(corrupt)?;
+    Ok((version, model.serving_weights().into_owned()))
 }

@@ -50,6 +50,14 @@ fn all_modules() -> Vec<String> {
 }
 
 impl Method {
+    /// `full` or `lora`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Full => "full",
+            Method::Lora { .. } => "lora",
+        }
+    }
+
     /// What is wrong with it, as (key, problem).
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         match self {
@@ -167,11 +175,12 @@ impl TrainModel {
         }
     }
 
-    /// The weights a policy serves: the base weights with any adapters merged.
-    pub fn serving_weights(&self) -> LlamaWeights {
+    /// The weights a policy serves: the base weights (borrowed: 540 MB for SmolLM2), or a
+    /// copy with the adapters merged.
+    pub fn serving_weights(&self) -> std::borrow::Cow<'_, LlamaWeights> {
         match &self.adapters {
-            Some(adapters) => adapters.merged(&self.weights),
-            None => self.weights.clone(),
+            Some(adapters) => std::borrow::Cow::Owned(adapters.merged(&self.weights)),
+            None => std::borrow::Cow::Borrowed(&self.weights),
         }
     }
 }

@@ -103,7 +103,7 @@ fn merged_adapters_give_the_adapted_log_probabilities() {
     let mut model = TrainModel::new(weights);
     model.adapters = Some(adapters);
     let adapted = model.forward(&examples(), 1.0).unwrap().logprobs;
-    let merged = TrainModel::new(model.serving_weights()).forward(&examples(), 1.0).unwrap().logprobs;
+    let merged = TrainModel::new(model.serving_weights().into_owned()).forward(&examples(), 1.0).unwrap().logprobs;
     let base = TrainModel::new(model.weights.clone()).forward(&examples(), 1.0).unwrap().logprobs;
     let gap = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
         a.iter().flatten().zip(b.iter().flatten()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::solve::{Retrieval, retrieve};
-use super::{elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
 use crate::agent::{AgentRun, Episode, Outcome, Role};
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
@@ -97,6 +97,8 @@ fn memory_off() -> EvalMode {
 /// Greedy evaluation of the solver.
 pub struct Evaluate {
     config: EvaluateConfig,
+    /// Each benchmark's questions and search tool, read and opened on the first run.
+    benchmarks: LoadOnce<Vec<(String, Vec<Question>, Arc<dyn Search>)>>,
 }
 
 struct EvalRow {
@@ -163,10 +165,7 @@ impl Evaluate {
         let world_corpus = config.world.as_ref().map(|w| w.dir.join("corpus.jsonl"));
         let Some(corpus) = config.corpus.as_ref().or(world_corpus.as_ref()) else { return Ok(selfplay.search.clone()) };
         let index = config.index.clone().unwrap_or_else(|| corpus.with_extension("index"));
-        if !index.exists() {
-            Bm25Index::build(corpus, &index, |_| {}).map_err(|e| failed("building the benchmark's index", e))?;
-        }
-        let index = Bm25Index::open(&index).map_err(|e| failed("opening the benchmark's index", e))?;
+        let index = Bm25Index::open_or_build(corpus, &index).map_err(|e| failed("the benchmark's index", e))?;
         Ok(Arc::new(Arc::new(index)))
     }
 }
@@ -192,7 +191,7 @@ impl Stage for Evaluate {
         if !missing.is_empty() {
             return Err(missing);
         }
-        Ok(Evaluate { config })
+        Ok(Evaluate { config, benchmarks: LoadOnce::default() })
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -211,9 +210,14 @@ impl Stage for Evaluate {
         };
         let mut rows = Vec::new();
         let mut metrics: Vec<(String, f64)> = Vec::new();
-        for (name, benchmark) in &self.config.benchmarks {
-            let questions = Self::questions(benchmark)?;
-            let search = Self::search(benchmark, &selfplay)?;
+        let benchmarks = self.benchmarks.get(|| {
+            self.config
+                .benchmarks
+                .iter()
+                .map(|(name, b)| Ok((name.clone(), Self::questions(b)?, Self::search(b, &selfplay)?)))
+                .collect()
+        })?;
+        for (name, questions, search) in benchmarks.iter() {
             let texts: Vec<&str> = questions.iter().map(|q| q.question.as_str()).collect();
             let retrieval = match &memory {
                 Some(memory) => retrieve(memory, &texts)?,
@@ -264,7 +268,7 @@ impl Stage for Evaluate {
                     outcome: super::outcome_name(&trajectory.outcome),
                     policy_version: trajectory.policy_version,
                     bank_version: retrieval.version,
-                    question,
+                    question: question.clone(),
                 });
             }
             let these = &rows[start..];

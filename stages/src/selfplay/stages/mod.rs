@@ -126,6 +126,18 @@ impl<T> LoadOnce<T> {
         let loaded = std::sync::Arc::new(load()?);
         Ok(self.0.get_or_init(|| loaded).clone())
     }
+
+    /// [`Self::get`] with a loader that awaits (searches, tokenizes).
+    async fn get_async(
+        &self,
+        load: impl Future<Output = Result<T, StageError>>,
+    ) -> Result<std::sync::Arc<T>, StageError> {
+        if let Some(loaded) = self.0.get() {
+            return Ok(loaded.clone());
+        }
+        let loaded = std::sync::Arc::new(load.await?);
+        Ok(self.0.get_or_init(|| loaded).clone())
+    }
 }
 
 /// Milliseconds since `clock`, as a metric value.

@@ -22,7 +22,7 @@ use crate::selfplay::rules::ValidityRules;
 use crate::selfplay::training::{
     Checkpoint, PolicyVersion, TrainState, Training, checkpoints_table, policy_versions_batch, policy_versions_table,
 };
-use crate::train::{Method, OptimizerConfig, StepReport};
+use crate::train::{OptimizerConfig, StepReport};
 
 /// Demonstrations written from a generated world's questions.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -222,13 +222,7 @@ impl Stage for Warmup {
                     .into(),
             )
         })?;
-        let demonstrations = match self.demonstrations.0.get() {
-            Some(loaded) => loaded.clone(),
-            None => {
-                let loaded = self.demonstrations(&selfplay).await?;
-                self.demonstrations.get(|| Ok(loaded))?
-            }
-        };
+        let demonstrations = self.demonstrations.get_async(self.demonstrations(&selfplay)).await?;
         // The order of each epoch: shuffled by the step's seed, then each optimizer step's
         // demonstrations grouped by role (its micro-batches then mostly hold one role).
         let mut batches: Vec<(u64, Vec<usize>)> = Vec::new();
@@ -250,10 +244,12 @@ impl Stage for Warmup {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let worker = tokio::task::spawn_blocking(move || {
             let mut state = state;
+            // The schedule spans this run's optimizer steps, after those the trainer took before.
+            let (first, last) = (state.trainer.adam.step + 1, state.trainer.adam.step + total);
             let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
             for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
                 let sequences: Vec<_> = chunk.iter().map(|&i| demos[i].sequence.clone()).collect();
-                let lr = optimizer.lr_at(state.trainer.adam.step + 1, state.trainer.adam.step + total - n as u64);
+                let lr = optimizer.lr_at(first + n as u64, last);
                 match state.trainer.supervised_step(&sequences, &optimizer, lr) {
                     Ok(report) => reports.push((epoch, chunk, report)),
                     Err(e) => return (state, Err(e.to_string())),
@@ -303,11 +299,8 @@ impl Stage for Warmup {
             version: state.version,
             parent,
             stage: cx.stage_name().to_string(),
-            method: match training.section.method {
-                Method::Full => "full".into(),
-                Method::Lora { .. } => "lora".into(),
-            },
-            checkpoint: format!("tables/checkpoints/step={}/{}.parquet", cx.step(), cx.stage_name()),
+            method: training.section.method.name().into(),
+            checkpoint_step: cx.step(),
             sha256,
             bytes,
             tokens_trained: state.tokens_trained,
