@@ -98,8 +98,11 @@ fn memory_off() -> EvalMode {
 pub struct Evaluate {
     config: EvaluateConfig,
     /// Each benchmark's questions and search tool, read and opened on the first run.
-    benchmarks: LoadOnce<Vec<(String, Vec<Question>, Arc<dyn Search>)>>,
+    benchmarks: LoadOnce<Vec<LoadedBenchmark>>,
 }
+
+/// A benchmark's name, questions and search tool.
+type LoadedBenchmark = (String, Vec<Question>, Arc<dyn Search>);
 
 struct EvalRow {
     benchmark: String,
@@ -251,7 +254,7 @@ impl Stage for Evaluate {
                 progress.inc(chunk.len() as u64);
             }
             let start = rows.len();
-            for (question, trajectory) in questions.into_iter().zip(trajectories) {
+            for (question, trajectory) in questions.iter().zip(trajectories) {
                 let prediction = match &trajectory.outcome {
                     Outcome::Final(answer) => Some(answer.clone()),
                     _ => None,
