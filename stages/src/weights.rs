@@ -382,15 +382,6 @@ impl LlamaWeights {
     pub fn output_matrix(&self) -> &[f32] {
         self.output.as_deref().unwrap_or(&self.embedding)
     }
-
-    /// Parameters in all.
-    pub fn parameters(&self) -> usize {
-        let block: usize = self.blocks.first().map_or(0, |b| b.tensors().iter().map(|v| v.len()).sum());
-        self.embedding.len()
-            + self.output_norm.len()
-            + self.output.as_ref().map_or(0, Vec::len)
-            + block * self.blocks.len()
-    }
 }
 
 /// Rows of `heads` heads from the half-rotation layout (`j·d/2 + i`) to the interleaved one

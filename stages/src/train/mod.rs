@@ -300,19 +300,6 @@ impl Trainer {
         Trainer { model, adam: AdamW::new(&lengths), micro_batch_tokens: micro_batch_tokens.max(1), grads: None }
     }
 
-    /// Log-probabilities of each sequence's masked tokens (no gradient), micro-batched.
-    pub fn logprobs(&self, sequences: &[TrainSequence], temperature: f32) -> Result<Vec<Vec<f32>>, BatchError> {
-        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-        let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
-        let mut out = Vec::with_capacity(sequences.len());
-        for range in micro_batches(&lengths, self.micro_batch_tokens) {
-            let examples: Vec<Example<'_>> =
-                range.clone().map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
-            out.extend(self.model.forward(&examples, temperature)?.logprobs);
-        }
-        Ok(out)
-    }
-
     /// One optimizer step over `sequences`. `loss` gets a sequence's index and its scored
     /// log-probabilities, and returns its share of the step's loss and that share's derivative
     /// with respect to each log-probability. The learning rate is `lr`.
