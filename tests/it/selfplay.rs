@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, Float64Array, RecordBatch, StringArray};
+use arrow_array::{Array, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
 use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRequest, load_pipeline, read_table};
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
 use sesa_stages::data::world::{World, WorldConfig};
@@ -37,15 +37,19 @@ fn decode(code: &str) -> String {
 
 /// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
 /// answer and the answer is not in the question); a third of solver rollouts answer wrongly,
-/// by seed, so success rates vary; the distillation judge writes one skill per batch.
+/// by seed, so success rates vary; the distillation judge writes two skills per batch, the
+/// second quoting the first failure's answer (a leak admission must reject).
 fn script(context: &str, seed: u64) -> String {
     let response = context.rsplit_once("<|im_start|>assistant\n").map_or("", |(_, r)| r);
     let searched = response.matches("<information>").count();
     if context.contains("general strategies") {
         let first = after_last(context, "Failure 1:\nQuestion: ", "\n");
         let code = first.split_whitespace().find(|w| w.starts_with("CODE-")).unwrap_or("none");
+        // A second skill leaks the first failure's answer: admission must reject it.
+        let answer = after_last(context, "Failure 1:\nQuestion: ", "\nSolver").replace('\n', " ");
+        let answer = answer.rsplit("Correct answer: ").next().unwrap_or("");
         return format!(
-            r#"{{"skills": [{{"description": "Decode {code} before searching for it.", "trigger": "A question with a code word.", "avoid": ["guessing"], "query_template": "<code> decoded"}}]}}"#
+            r#"{{"skills": [{{"description": "Decode {code} before searching for it.", "trigger": "A question with a code word.", "avoid": ["guessing"], "query_template": "<code> decoded"}}, {{"description": "The answer is usually {answer}.", "trigger": "A question about a hidden entity.", "avoid": [], "query_template": "<entity>"}}]}}"#
         );
     }
     if context.contains("Materials:") {
@@ -213,6 +217,10 @@ fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
     column.iter().map(|v| v.unwrap_or_default().to_string()).collect()
 }
 
+fn unsigned(batch: &RecordBatch, name: &str) -> Vec<u64> {
+    batch.column_by_name(name).unwrap().as_any().downcast_ref::<UInt64Array>().unwrap().values().to_vec()
+}
+
 fn floats(batch: &RecordBatch, name: &str) -> Vec<Option<f64>> {
     let column = batch.column_by_name(name).unwrap().as_any().downcast_ref::<Float64Array>().unwrap();
     (0..column.len()).map(|i| column.is_valid(i).then(|| column.value(i))).collect()
@@ -282,6 +290,38 @@ async fn the_full_loop_keeps_its_invariants() {
         .map(|(_, id)| id)
         .collect();
     assert!(!added.is_empty(), "no distilled skill was admitted");
+    // A candidate quoting its source failure's answer is rejected with the reason, never added.
+    let leaks: Vec<(String, String)> = tables["skill_events"]
+        .iter()
+        .flat_map(|(_, b)| strings(b, "event").into_iter().zip(strings(b, "reason")))
+        .filter(|(_, reason)| reason.contains("the answer of a failure it was distilled from"))
+        .collect();
+    assert!(!leaks.is_empty(), "no leaking candidate was rejected");
+    assert!(leaks.iter().all(|(event, _)| event == "rejected"), "{leaks:?}");
+    for (_, batch) in &tables["skills"] {
+        assert!(strings(batch, "description").iter().all(|d| !d.starts_with("The answer is usually")));
+    }
+
+    // Skill usage counts only the rollouts of accepted proposed questions: at step 1 (seed
+    // skills only, no eviction yet) the bank's retrievals are those of the proposed questions,
+    // though reused or dummy questions retrieved skills too.
+    let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == 1).unwrap().1;
+    let (sources, items) = (strings(rollouts, "source"), unsigned(rollouts, "item"));
+    let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+    let mut shown: BTreeMap<(bool, u64), usize> = BTreeMap::new();
+    for i in 0..items.len() {
+        shown.insert((sources[i] == "proposed", items[i]), skill_ids.value_length(i) as usize);
+    }
+    let counted: usize = shown.iter().filter(|((proposed, _), _)| *proposed).map(|(_, n)| n).sum();
+    let uncounted: usize = shown.iter().filter(|((proposed, _), _)| !*proposed).map(|(_, n)| n).sum();
+    assert!(counted > 0 && uncounted > 0, "step 1 has proposed ({counted}) and substitute ({uncounted}) retrievals");
+    let retrievals = tables["skills"]
+        .iter()
+        .filter(|(s, _)| *s == 1)
+        .map(|(_, b)| unsigned(b, "retrievals").iter().sum::<u64>())
+        .max()
+        .unwrap();
+    assert_eq!(retrievals as usize, counted);
 
     // Frontier shaping: proposer rewards follow the shape at the recorded p̂.
     for (_, batch) in &tables["rewards"] {

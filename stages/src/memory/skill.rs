@@ -54,6 +54,17 @@ impl SkillText {
         complete.then_some(text)
     }
 
+    /// The first of `answers` the skill quotes, as whole words after answer normalisation
+    /// (case, punctuation and articles ignored). A skill that quotes an answer of the failures
+    /// it was distilled from leaks that answer into the solver's prompt: it is not a strategy.
+    pub fn quoted_answer<'a>(&self, answers: &[&'a str]) -> Option<&'a str> {
+        let text = format!(" {} ", crate::data::metrics::normalize_answer(&self.render()));
+        answers.iter().copied().find(|answer| {
+            let answer = crate::data::metrics::normalize_answer(answer);
+            !answer.is_empty() && text.contains(&format!(" {answer} "))
+        })
+    }
+
     /// The skill as the solver sees it in its prompt.
     pub fn render(&self) -> String {
         let mut out = format!("- {} Use when: {} Query: {}", self.description, self.trigger, self.query_template);

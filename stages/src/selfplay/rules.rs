@@ -169,6 +169,18 @@ impl ProposerReward {
             }
         }
     }
+
+    /// The lowest reward a valid proposal can get, at any success rate: a concave shape's
+    /// interior is lowest at its ends, so the bound is the least of the endpoints' values and
+    /// the interior's limits there.
+    pub fn lowest(&self) -> f64 {
+        let interior = |low: f64, high: f64| (4.0 * low * high).min(4.0 * (low + 1.0) * (high - 1.0));
+        match *self {
+            ProposerReward::Adversarial {} => 0.0,
+            ProposerReward::Frontier { lambda, low, high } => (-lambda).min(interior(low, high)),
+            ProposerReward::Intermediate { left, right } => 0.0f64.min(interior(left, right)),
+        }
+    }
 }
 
 /// Failures waiting for consolidation: at most `capacity`, the oldest dropped first.

@@ -60,6 +60,8 @@ struct Consolidation {
     added: u64,
     duplicates: u64,
     malformed: u64,
+    /// Candidates that quoted an answer of their source failures.
+    leaked: u64,
     evicted: u64,
 }
 
@@ -70,6 +72,7 @@ fn consolidations_batch(rows: &[Consolidation]) -> Result<RecordBatch, ArrowErro
         .u64("added", rows.iter().map(|r| r.added))
         .u64("duplicates", rows.iter().map(|r| r.duplicates))
         .u64("malformed", rows.iter().map(|r| r.malformed))
+        .u64("leaked", rows.iter().map(|r| r.leaked))
         .u64("evicted", rows.iter().map(|r| r.evicted))
         .finish()
 }
@@ -134,6 +137,7 @@ impl Stage for Consolidate {
                 added: 0,
                 duplicates: 0,
                 malformed: 0,
+                leaked: 0,
                 evicted: 0,
             };
             let mut bank = memory.bank.lock().expect("bank lock");
@@ -152,8 +156,20 @@ impl Stage for Consolidate {
                 let texts: Vec<String> = out.candidates.iter().map(|c| c.embedding_text()).collect();
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let vectors = memory.embedder.embed(&refs).map_err(|e| failed("embedding candidates", e))?;
+                let answers: Vec<&str> = batch.iter().map(|f| f.target.as_str()).collect();
                 for (candidate, vector) in out.candidates.iter().zip(vectors) {
                     record.candidates += 1;
+                    if let Some(answer) = candidate.quoted_answer(&answers) {
+                        record.leaked += 1;
+                        events.push(SkillEvent::new(
+                            SkillEventKind::Rejected,
+                            format!("s{}-{n}", cx.step()),
+                            candidate.description.clone(),
+                            format!("quotes `{answer}`, the answer of a failure it was distilled from"),
+                        ));
+                        n += 1;
+                        continue;
+                    }
                     let meta = SkillMeta {
                         origin_step: cx.step(),
                         origin_failures: batch.iter().map(|f| f.id.clone()).collect(),
@@ -186,7 +202,7 @@ impl Stage for Consolidate {
         let metrics = [
             ("distilled", f64::from(!consolidations.is_empty() as u8)),
             ("skills_added", consolidations.iter().map(|c| c.added as f64).sum()),
-            ("skills_rejected", consolidations.iter().map(|c| (c.duplicates + c.malformed) as f64).sum()),
+            ("skills_rejected", consolidations.iter().map(|c| (c.duplicates + c.malformed + c.leaked) as f64).sum()),
             ("skills_evicted", consolidations.iter().map(|c| c.evicted as f64).sum()),
             ("bank_size", bank_size as f64),
             ("queue_length", memory.queue.lock().expect("queue lock").len() as f64),

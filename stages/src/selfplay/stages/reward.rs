@@ -27,12 +27,22 @@ use crate::selfplay::rules::{ProposerReward, solver_reward};
 pub struct RewardConfig {
     /// The proposer's reward shape.
     pub proposer: ProposerReward,
-    /// The proposer's reward for an invalid or rejected proposal (SSP: 0).
-    #[serde(default)]
+    /// The proposer's reward for an invalid or rejected proposal: −1 by default (SSP's
+    /// config), and it must be below every valid proposal's reward under `proposer`, or a
+    /// trained proposer learns that writing invalid questions pays.
+    #[serde(default = "minus_one")]
     pub format_penalty: f64,
+    /// Accepts a `format_penalty` that is not below every valid proposal's reward (SSP's
+    /// training script used 0 with the adversarial shape, whose lowest valid reward is 0).
+    #[serde(default)]
+    pub allow_rewarding_invalid: bool,
     /// Ask the judge when a solver answer misses exactly (needs `prompts.judge`).
     #[serde(default)]
     pub judge_fallback: bool,
+}
+
+fn minus_one() -> f64 {
+    -1.0
 }
 
 /// Rewards for both roles.
@@ -72,19 +82,28 @@ impl Stage for Reward {
     type Config = RewardConfig;
 
     fn new(config: RewardConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems = Vec::new();
         if let ProposerReward::Frontier { lambda, low, high } = config.proposer {
-            let mut problems = Vec::new();
             if lambda <= 0.0 {
                 problems.push(ConfigProblem::new("proposer.lambda", "the endpoint penalty must be positive"));
             }
             if low < 0.0 || high > 1.0 || low >= high {
                 problems.push(ConfigProblem::new("proposer.low", "need 0 ≤ low < high ≤ 1"));
             }
-            if !problems.is_empty() {
-                return Err(problems);
-            }
         }
-        Ok(Reward { config })
+        let lowest = config.proposer.lowest();
+        if problems.is_empty() && config.format_penalty >= lowest && !config.allow_rewarding_invalid {
+            problems.push(ConfigProblem::new(
+                "format_penalty",
+                format!(
+                    "{} is not below {lowest}, the lowest reward of a valid proposal under this shape: a trained \
+                     proposer would learn to write invalid questions. Lower it, or set \
+                     `allow_rewarding_invalid: true` to keep it",
+                    config.format_penalty
+                ),
+            ));
+        }
+        if problems.is_empty() { Ok(Reward { config }) } else { Err(problems) }
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
@@ -168,9 +187,15 @@ impl Stage for Reward {
         let mut skills = skills_batch(0, &[])?;
         let mut bank_metrics = Vec::new();
         if let Ok(memory) = cx.resource::<SkillMemory>() {
+            // Only the proposer's accepted questions judge a skill: reused questions were
+            // already counted when first asked, and every dummy question retrieves the same
+            // skills, which would collect harms for nothing.
+            let rollout_sources = rollouts.str("source")?;
+            let proposed: std::collections::BTreeSet<u64> =
+                (0..rollouts.rows()).filter(|&i| rollout_sources[i] == "proposed").map(|i| items[i]).collect();
             let usage: Vec<QuestionUsage> = by_item
                 .iter()
-                .filter(|(_, (_, _, ids))| !ids.is_empty())
+                .filter(|(item, (_, _, ids))| !ids.is_empty() && proposed.contains(item))
                 .map(|(item, (successes, n, ids))| QuestionUsage {
                     question_id: format!("s{}-{item}", cx.step()),
                     skill_ids: ids.clone(),
