@@ -143,6 +143,11 @@ impl<'a> Reader<'a> {
         Ok(self.column::<Float64Array>(name)?.values().to_vec())
     }
 
+    /// A f64 column that may hold absent values.
+    pub fn opt_f64(&self, name: &str) -> Result<Vec<Option<f64>>, StageError> {
+        Ok(self.column::<Float64Array>(name)?.iter().collect())
+    }
+
     /// A boolean column.
     pub fn bool(&self, name: &str) -> Result<Vec<bool>, StageError> {
         Ok(self.column::<BooleanArray>(name)?.iter().map(|v| v.unwrap_or(false)).collect())
@@ -161,6 +166,11 @@ impl<'a> Reader<'a> {
     /// A list-of-token-ids column.
     pub fn u32s(&self, name: &str) -> Result<Vec<Vec<u32>>, StageError> {
         self.lists::<UInt32Type>(name)
+    }
+
+    /// A list-of-f32 column (per-token log-probabilities).
+    pub fn f32s(&self, name: &str) -> Result<Vec<Vec<f32>>, StageError> {
+        self.lists::<arrow_array::types::Float32Type>(name)
     }
 
     fn lists<T: ArrowPrimitiveType>(&self, name: &str) -> Result<Vec<Vec<T::Native>>, StageError> {

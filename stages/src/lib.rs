@@ -50,6 +50,7 @@ pub fn registry() -> Registry {
         .stage::<selfplay::Collect>()
         .stage::<selfplay::Consolidate>()
         .stage::<selfplay::Warmup>()
+        .stage::<selfplay::Update>()
         .stage::<selfplay::Evaluate>();
     registry
 }

@@ -1,7 +1,7 @@
-//! Training as a user drives it: a warm start on a tiny random llama (SmolLM2's tokenizer, so
-//! prompts tokenize as they would), killed at random moments and resumed, gives the tables and
-//! the final weights of an uninterrupted run; `sesa model export` writes a directory the
-//! `candle` backend serves.
+//! Training as a user drives it: a warm start then the loop with its RL update, on a tiny
+//! random llama (SmolLM2's tokenizer, so prompts tokenize as they would), killed at random
+//! moments and resumed, gives the tables and the final weights of an uninterrupted run;
+//! `sesa model export` writes a directory the `candle` backend serves.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,8 @@ fn prompts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/prompts")
 }
 
-/// Warm starts on every step (a pure SFT run), with a greedy evaluation after each.
+/// A warm start on the first step, then the loop with its RL update on every step, with a
+/// greedy evaluation after each.
 fn spec(dir: &Path) -> PathBuf {
     let d = dir.display();
     let p = prompts().display().to_string();
@@ -74,19 +75,29 @@ steps: 3
 world: {{dir: {d}/world, seed: 4, entities: 120, questions: 30}}
 model: {{backend: candle, model: {d}/tiny, cache_tokens: 2048}}
 search: {{top_k: 2, backend: {{kind: bm25, index: {d}/index, corpus: {d}/world/corpus.jsonl}}}}
-agent: {{max_turns: 2, max_turn_tokens: 6, max_total_tokens: 12, context_limit: 1024}}
-prompts: {{solver: {p}/solver_small.yaml, proposer: {p}/proposer_small.yaml}}
+agent: {{max_turns: 2, max_turn_tokens: 6, max_total_tokens: 12, context_limit: 1024, sampling: {{temperature: 1.0}}}}
+prompts: {{solver: {p}/solver_small.yaml, proposer: {p}/proposer_small.yaml, verifier: {p}/verifier.yaml}}
 trainer: {{micro_batch_tokens: 700}}
 stages:
   warmup:
     kind: warmup
+    schedule: once
     world: {{questions: {d}/world/questions.jsonl, held_out: 10, limit: 8, rules: {{min_words: 4, min_searches: 1}}}}
     batch: 3
     optimizer: {{lr: 1.0e-3, warmup_steps: 1, schedule: cosine}}
+  propose: {{kind: propose, after: [warmup], targets: {d}/world/targets.jsonl, batch: 2}}
+  verify: {{kind: verify, after: [propose], noise: 1, max_tokens: 4, invalid: reuse}}
+  solve: {{kind: solve, after: [verify], n_rollouts: 2}}
+  reward: {{kind: reward, after: [solve], proposer: {{shape: frontier, lambda: 0.5}}}}
+  update:
+    kind: update
+    after: [reward]
+    optimizer: {{lr: 1.0e-3}}
+    proposer_baseline: {{decay: 0.5}}
     keep_every: 2
   evaluate:
     kind: evaluate
-    after: [warmup]
+    after: [update]
     benchmarks: {{held_out: {{questions: {d}/world/questions.jsonl, last: 10, limit: 3}}}}
 "
     );
@@ -150,19 +161,41 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let duration = clock.elapsed();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let reference = tables(&only_run(&reference_store));
-    let versions = reference.keys().filter(|(t, _, _)| t == "policy_versions").count();
-    assert_eq!(versions, 3, "one policy version per step");
-    let checkpoints: Vec<u64> = reference.keys().filter(|(t, _, _)| t == "checkpoints").map(|(_, s, _)| *s).collect();
-    assert_eq!(checkpoints, vec![2, 3], "keep_every 2 keeps step 2's checkpoint and the last one");
+    let versions: Vec<(u64, &str)> = reference
+        .keys()
+        .filter(|(t, _, _)| t == "policy_versions")
+        .map(|(_, s, w)| (*s, w.trim_end_matches(".parquet")))
+        .collect();
+    assert_eq!(versions, [(1, "update"), (1, "warmup"), (2, "update"), (3, "update")], "a version per training stage");
+    let checkpoints: Vec<(u64, &str)> = reference
+        .keys()
+        .filter(|(t, _, _)| t == "checkpoints")
+        .map(|(_, s, w)| (*s, w.trim_end_matches(".parquet")))
+        .collect();
+    assert_eq!(
+        checkpoints,
+        [(1, "warmup"), (2, "update"), (3, "update")],
+        "the update's keep_every 2 keeps step 2's checkpoint and the last one"
+    );
+    let steps = &reference[&("train_steps".to_string(), 1, "warmup.parquet".to_string())];
+    assert!(steps.num_rows() >= 2, "micro-batches of at most 700 tokens");
     for step in 1..=3u64 {
-        // The evaluation after step n's warm start ran the weights of policy version n.
+        // The evaluation after step n's update ran the weights it made: version n + 1.
         let evals = &reference[&("evals".to_string(), step, "evaluate.parquet".to_string())];
         let versions = evals.column_by_name("policy_version").unwrap();
         let versions = versions.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
         assert_eq!(versions.len(), 3);
-        assert!(versions.iter().all(|v| v == Some(step)), "step {step}: {versions:?}");
-        let steps = &reference[&("train_steps".to_string(), step, "warmup.parquet".to_string())];
-        assert!(steps.num_rows() >= 2, "micro-batches of at most 700 tokens");
+        assert!(versions.iter().all(|v| v == Some(step + 1)), "step {step}: {versions:?}");
+        // Both roles were updated, the proposer first; its rollouts came from version n.
+        let updates = &reference[&("updates".to_string(), step, "update.parquet".to_string())];
+        let roles = updates.column_by_name("role").unwrap();
+        let roles: Vec<&str> =
+            roles.as_any().downcast_ref::<arrow_array::StringArray>().unwrap().iter().flatten().collect();
+        assert_eq!(roles, ["proposer", "solver"], "step {step}");
+        let rollouts = &reference[&("rollouts".to_string(), step, "solve.parquet".to_string())];
+        let made_by = rollouts.column_by_name("policy_version").unwrap();
+        let made_by = made_by.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
+        assert!(made_by.iter().all(|v| v == Some(step)), "step {step}: {made_by:?}");
     }
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -205,16 +238,16 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let earlier = dir.path().join("export-2");
     let output = run_sesa_with(
         ChildRegistry::Stages,
-        &["model", "export", run.to_str().unwrap(), "--version", "2", "--out", earlier.to_str().unwrap()],
+        &["model", "export", run.to_str().unwrap(), "--version", "3", "--out", earlier.to_str().unwrap()],
         dir.path(),
     );
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    assert_ne!(ModelFiles::read(&earlier).unwrap().weights, exported.weights, "version 2 is not the last");
+    assert_ne!(ModelFiles::read(&earlier).unwrap().weights, exported.weights, "version 3 is not the last");
     let missing = run_sesa_with(
         ChildRegistry::Stages,
-        &["model", "export", run.to_str().unwrap(), "--version", "1", "--out", export.to_str().unwrap()],
+        &["model", "export", run.to_str().unwrap(), "--version", "2", "--out", export.to_str().unwrap()],
         dir.path(),
     );
     assert_ne!(missing.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 1"), "deleted by keep_every");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 2"), "deleted by keep_every");
 }

@@ -31,6 +31,12 @@ pub fn normalize_answer(text: &str) -> String {
     without_articles.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Whether `text` holds `answer` as whole words, both normalised as [`normalize_answer`] does.
+pub fn contains_answer(text: &str, answer: &str) -> bool {
+    let answer = normalize_answer(answer);
+    !answer.is_empty() && format!(" {} ", normalize_answer(text)).contains(&format!(" {answer} "))
+}
+
 /// 1.0 when the normalised prediction equals the normalised form of any gold answer.
 pub fn exact_match(prediction: &str, golds: &[String]) -> f64 {
     let prediction = normalize_answer(prediction);

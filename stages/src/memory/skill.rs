@@ -58,11 +58,8 @@ impl SkillText {
     /// (case, punctuation and articles ignored). A skill that quotes an answer of the failures
     /// it was distilled from leaks that answer into the solver's prompt: it is not a strategy.
     pub fn quoted_answer<'a>(&self, answers: &[&'a str]) -> Option<&'a str> {
-        let text = format!(" {} ", crate::data::metrics::normalize_answer(&self.render()));
-        answers.iter().copied().find(|answer| {
-            let answer = crate::data::metrics::normalize_answer(answer);
-            !answer.is_empty() && text.contains(&format!(" {answer} "))
-        })
+        let text = self.render();
+        answers.iter().copied().find(|answer| crate::data::metrics::contains_answer(&text, answer))
     }
 
     /// The skill as the solver sees it in its prompt.

@@ -17,6 +17,6 @@ pub use self::rules::{
     FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
 };
 pub use self::stages::{
-    Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Verify, Warmup, metrics_batch,
+    Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Update, Verify, Warmup, metrics_batch,
 };
 pub use self::training::{TrainerSection, Training};

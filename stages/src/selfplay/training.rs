@@ -78,6 +78,25 @@ pub struct TrainState {
     pub version: u64,
     /// Tokens trained on so far, over all versions.
     pub tokens_trained: u64,
+    /// The stage whose objective the optimizer's moments were gathered on: another stage
+    /// starts from fresh moments (a warm start's second moments would scale RL's steps down
+    /// for a thousand steps).
+    pub optimizer_stage: String,
+    /// The proposer's running-mean reward baseline, once an update has set it.
+    pub proposer_baseline: Option<f64>,
+    /// The frozen initial weights, the KL reference of full fine-tuning (loaded on first use;
+    /// LoRA's reference is its base weights).
+    pub reference: Option<TrainModel>,
+}
+
+impl TrainState {
+    /// Readies the optimizer for `stage`: fresh moments if another stage gathered them.
+    pub fn optimizer_for(&mut self, stage: &str) {
+        if self.optimizer_stage != stage {
+            self.trainer.reset_optimizer();
+            self.optimizer_stage = stage.to_string();
+        }
+    }
 }
 
 /// The run's training resource.
@@ -113,7 +132,25 @@ impl Training {
             .await
             .map_err(|e| StageError::Failed(e.to_string()))?
             .map_err(StageError::Failed)?;
-        Ok(TrainState { trainer: Trainer::new(model, self.section.micro_batch_tokens), version: 0, tokens_trained: 0 })
+        Ok(TrainState {
+            trainer: Trainer::new(model, self.section.micro_batch_tokens),
+            version: 0,
+            tokens_trained: 0,
+            optimizer_stage: String::new(),
+            proposer_baseline: None,
+            reference: None,
+        })
+    }
+
+    /// The initial weights as a model without adapters: full fine-tuning's KL reference.
+    pub async fn reference_model(self: &Arc<Self>) -> Result<TrainModel, StageError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::policy::ModelFiles::read(&this.source).map(|f| TrainModel::new(f.weights))
+        })
+        .await
+        .map_err(|e| StageError::Failed(e.to_string()))?
+        .map_err(StageError::Failed)
     }
 
     /// Puts the state back after a training stage.
@@ -130,10 +167,10 @@ impl Training {
         policy: &dyn Policy,
     ) -> Result<(), RunError> {
         let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
-        let Some((_, batch)) = read_table_steps(root, run_id, "checkpoints", Steps::Last).await?.pop() else {
+        let batches = read_table_steps(root, run_id, "checkpoints", Steps::Last).await?;
+        let Some(checkpoint) = newest(&batches, None).map_err(|e| corrupt(e.to_string()))? else {
             return Ok(());
         };
-        let checkpoint = Checkpoint::read(&batch).map_err(|e| corrupt(e.to_string()))?;
         let mut state = self.take().await.map_err(|e| corrupt(e.to_string()))?;
         checkpoint.apply(&mut state).map_err(corrupt)?;
         policy
@@ -208,6 +245,10 @@ pub struct Checkpoint {
     pub adam_step: u64,
     /// Tokens trained on over all versions up to this one.
     pub tokens_trained: u64,
+    /// The stage the optimizer's moments belong to.
+    pub optimizer_stage: String,
+    /// The proposer's reward baseline.
+    pub proposer_baseline: Option<f64>,
     /// (name, bytes) of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
     pub tensors: Vec<(String, Vec<u8>)>,
 }
@@ -239,7 +280,14 @@ impl Checkpoint {
         {
             tensors.extend(group.into_iter().enumerate().map(|(i, t)| (format!("{prefix}.{i}"), to_bytes(t))));
         }
-        Checkpoint { version: state.version, adam_step: adam.step, tokens_trained: state.tokens_trained, tensors }
+        Checkpoint {
+            version: state.version,
+            adam_step: adam.step,
+            tokens_trained: state.tokens_trained,
+            optimizer_stage: state.optimizer_stage.clone(),
+            proposer_baseline: state.proposer_baseline,
+            tensors,
+        }
     }
 
     /// SHA-256 of the tensors' bytes and their total size.
@@ -257,6 +305,8 @@ impl Checkpoint {
             .u64("version", self.tensors.iter().map(|_| self.version))
             .u64("adam_step", self.tensors.iter().map(|_| self.adam_step))
             .u64("tokens_trained", self.tensors.iter().map(|_| self.tokens_trained))
+            .str("optimizer_stage", self.tensors.iter().map(|_| self.optimizer_stage.as_str()))
+            .opt_f64("proposer_baseline", self.tensors.iter().map(|_| self.proposer_baseline))
             .str("tensor", self.tensors.iter().map(|(n, _)| n.as_str()))
             .bytes("values", self.tensors.iter().map(|(_, b)| b.as_slice()))
             .finish()
@@ -272,6 +322,8 @@ impl Checkpoint {
             version: first("version")?,
             adam_step: first("adam_step")?,
             tokens_trained: first("tokens_trained")?,
+            optimizer_stage: reader.str("optimizer_stage")?.first().map_or(String::new(), |s| s.to_string()),
+            proposer_baseline: reader.opt_f64("proposer_baseline")?.first().copied().flatten(),
             tensors: names.iter().zip(values).map(|(name, bytes)| (name.to_string(), bytes.to_vec())).collect(),
         })
     }
@@ -306,8 +358,24 @@ impl Checkpoint {
         trainer.adam.step = self.adam_step;
         state.version = self.version;
         state.tokens_trained = self.tokens_trained;
+        state.optimizer_stage = self.optimizer_stage;
+        state.proposer_baseline = self.proposer_baseline;
         Ok(())
     }
+}
+
+/// The checkpoint of `version` among one step's `checkpoints` files (several training stages
+/// may run in a step), or the newest one when `None`.
+fn newest(batches: &[(u64, RecordBatch)], version: Option<u64>) -> Result<Option<Checkpoint>, StageError> {
+    let mut found: Option<Checkpoint> = None;
+    for (_, batch) in batches {
+        let checkpoint = Checkpoint::read(batch)?;
+        let wanted = version.is_none_or(|v| v == checkpoint.version);
+        if wanted && found.as_ref().is_none_or(|f| checkpoint.version > f.version) {
+            found = Some(checkpoint);
+        }
+    }
+    Ok(found)
 }
 
 /// Restores the weights of `version` (the last one when `None`) from a run's checkpoints
@@ -342,11 +410,59 @@ pub async fn weights_at(
         None => "the run has trained no policy version".into(),
     };
     let &(version, step) = found.ok_or_else(|| corrupt(missing()))?;
-    let Some((_, batch)) = read_table_steps(root, run_id, "checkpoints", Steps::Only(step)).await?.pop() else {
-        return Err(corrupt(missing()));
-    };
-    let checkpoint = Checkpoint::read(&batch).map_err(|e| corrupt(e.to_string()))?;
+    let batches = read_table_steps(root, run_id, "checkpoints", Steps::Only(step)).await?;
+    let checkpoint =
+        newest(&batches, Some(version)).map_err(|e| corrupt(e.to_string()))?.ok_or_else(|| corrupt(missing()))?;
     let mut model = model_for(initial, method);
     checkpoint.apply_to_model(&mut model).map_err(corrupt)?;
     Ok((version, model.serving_weights().into_owned()))
+}
+
+/// What [`publish_version`] made: the tables of the new version, and how long serving took.
+pub struct Published {
+    /// Its `policy_versions` row.
+    pub policy_versions: RecordBatch,
+    /// Its `checkpoints` rows.
+    pub checkpoints: RecordBatch,
+    /// Milliseconds the policy took to take the weights.
+    pub serve_ms: f64,
+}
+
+/// Makes the trainer's weights the next policy version after `parent`: the policy serves them
+/// from the next stage on, and the version's row and checkpoint are returned for the stage to
+/// commit.
+pub async fn publish_version(
+    cx: &sesa_engine::StageContext,
+    selfplay: &Arc<crate::selfplay::SelfPlay>,
+    training: &Training,
+    mut state: TrainState,
+    parent: u64,
+) -> Result<(TrainState, Published), StageError> {
+    state.version = parent + 1;
+    let policy = selfplay.policy.clone();
+    let failed = |e: String| StageError::Failed(format!("serving the trained weights: {e}"));
+    let (state, checkpoint, serve_ms) = tokio::task::spawn_blocking(move || {
+        let clock = std::time::Instant::now();
+        let loaded = policy.load_weights(&state.trainer.model.serving_weights(), state.version);
+        let serve_ms = clock.elapsed().as_secs_f64() * 1e3;
+        let checkpoint = Checkpoint::of(&state);
+        loaded.map(|()| (state, checkpoint, serve_ms)).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?
+    .map_err(failed)?;
+    let (sha256, bytes) = checkpoint.digest();
+    let version = PolicyVersion {
+        version: state.version,
+        parent,
+        stage: cx.stage_name().to_string(),
+        method: training.section.method.name().into(),
+        checkpoint_step: cx.step(),
+        sha256,
+        bytes,
+        tokens_trained: state.tokens_trained,
+    };
+    let published =
+        Published { policy_versions: policy_versions_batch(&[version])?, checkpoints: checkpoint.batch()?, serve_ms };
+    Ok((state, published))
 }

@@ -12,6 +12,7 @@
 
 mod gemm;
 pub mod model;
+pub mod objective;
 pub mod optim;
 
 use std::time::Instant;
@@ -22,6 +23,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, PROJECTIONS, Tape, TrainModel};
+pub use self::objective::{ClippedObjective, TokenTerms, baseline_advantages, group_advantages};
 pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
 use crate::weights::LlamaWeights;
 
@@ -281,6 +283,25 @@ pub fn micro_batches(lengths: &[usize], budget: usize) -> Vec<std::ops::Range<us
 /// derivative with respect to each log-probability.
 pub type LossFn<'a> = dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>) + 'a;
 
+/// The scored log-probabilities of each sequence under `model` at `temperature`, by
+/// micro-batches of at most `budget` tokens, without a backward pass.
+pub fn logprobs(
+    model: &TrainModel,
+    sequences: &[TrainSequence],
+    temperature: f32,
+    budget: usize,
+) -> Result<Vec<Vec<f32>>, BatchError> {
+    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+    let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+    let mut out = Vec::with_capacity(sequences.len());
+    for range in micro_batches(&lengths, budget.max(1)) {
+        let examples: Vec<Example<'_>> =
+            range.map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
+        out.extend(model.forward(&examples, temperature)?.logprobs);
+    }
+    Ok(out)
+}
+
 /// A model with the state its optimizer keeps.
 pub struct Trainer {
     /// The model.
@@ -298,6 +319,18 @@ impl Trainer {
     pub fn new(model: TrainModel, micro_batch_tokens: usize) -> Trainer {
         let lengths: Vec<usize> = model.trained().iter().map(|t| t.len()).collect();
         Trainer { model, adam: AdamW::new(&lengths), micro_batch_tokens: micro_batch_tokens.max(1), grads: None }
+    }
+
+    /// Forgets the optimizer's moments: the next step starts AdamW afresh.
+    pub fn reset_optimizer(&mut self) {
+        let lengths: Vec<usize> = self.model.trained().iter().map(|t| t.len()).collect();
+        self.adam = AdamW::new(&lengths);
+    }
+
+    /// The scored log-probabilities of each sequence under the current weights at
+    /// `temperature`, by micro-batches, without a backward pass.
+    pub fn logprobs(&self, sequences: &[TrainSequence], temperature: f32) -> Result<Vec<Vec<f32>>, BatchError> {
+        logprobs(&self.model, sequences, temperature, self.micro_batch_tokens)
     }
 
     /// One optimizer step over `sequences`. `loss` gets a sequence's index and its scored

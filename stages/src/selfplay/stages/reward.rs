@@ -226,3 +226,28 @@ impl Stage for Reward {
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_format_penalty_above_a_valid_proposals_reward_is_refused_unless_allowed() {
+        use crate::selfplay::rules::ProposerReward;
+        let frontier = ProposerReward::Frontier { lambda: 0.5, low: 0.0, high: 1.0 };
+        assert_eq!(frontier.lowest(), -0.5);
+        assert_eq!(ProposerReward::Adversarial {}.lowest(), 0.0);
+        let narrow = ProposerReward::Intermediate { left: 0.0, right: 0.8 };
+        assert!((narrow.lowest() - 4.0 * 1.0 * (0.8 - 1.0)).abs() < 1e-12);
+        let reward = |yaml: &str| {
+            <Reward as Stage>::new(serde_yaml::from_str(yaml).unwrap())
+                .map(|_| ())
+                .map_err(|p| format!("{}: {}", p[0].key, p[0].message))
+        };
+        assert!(reward("{proposer: {shape: frontier, lambda: 0.5}}").is_ok(), "the default −1 is below −λ");
+        let refused = reward("{proposer: {shape: frontier, lambda: 0.5}, format_penalty: 0}").unwrap_err();
+        assert!(refused.contains("format_penalty") && refused.contains("allow_rewarding_invalid"), "{refused}");
+        assert!(reward("{proposer: {shape: frontier, lambda: 1.0}}").is_err(), "−1 is not below −1");
+        assert!(reward("{proposer: {shape: adversarial}, format_penalty: 0, allow_rewarding_invalid: true}").is_ok());
+    }
+}

@@ -16,7 +16,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
-use crate::data::metrics::exact_match;
+use crate::data::metrics::{contains_answer, exact_match};
 use crate::policy::{GenerationRequest, Policy, Sampling};
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
@@ -45,6 +45,19 @@ pub enum InvalidStrategy {
     Dummy,
 }
 
+/// How the verifier's answer is checked against the target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerMatch {
+    /// Exact match after normalisation (SSP; its judge then rules on the misses).
+    #[default]
+    Exact,
+    /// The answer holds the target as whole words: a rule standing in for SSP's judge, which
+    /// counts an answer that contains the correct one as correct, where no judge model runs
+    /// (small models answer in a sentence).
+    Contains,
+}
+
 /// SSP's dummy problem.
 pub const DUMMY_QUESTION: &str = "This is a dummy problem. Please directly output </answer>";
 
@@ -64,6 +77,9 @@ pub struct VerifyConfig {
     /// Ask the judge when the verifier's answer misses exactly (needs `prompts.judge`).
     #[serde(default)]
     pub judge_fallback: bool,
+    /// How the verifier's answer must match the target before any judge fallback.
+    #[serde(default)]
+    pub answer_match: AnswerMatch,
     /// What replaces an invalid or rejected proposal.
     #[serde(default)]
     pub invalid: InvalidStrategy,
@@ -90,6 +106,15 @@ fn ten() -> u64 {
 pub struct Verify {
     config: VerifyConfig,
     fallback: LoadOnce<Vec<crate::data::datasets::Question>>,
+}
+
+impl Verify {
+    fn matches(&self, answer: &str, target: &str) -> bool {
+        match self.config.answer_match {
+            AnswerMatch::Exact => exact_match(answer, &[target.to_string()]) > 0.0,
+            AnswerMatch::Contains => contains_answer(answer, target),
+        }
+    }
 }
 
 /// One row of `verifications`.
@@ -224,8 +249,7 @@ impl Stage for Verify {
         let generation = Instant::now();
         let replies = verifier.generate(&requests).await.map_err(|e| failed("verifier", e))?;
         let answers: Vec<String> = replies.iter().map(|r| verifier_answer(&r.text)).collect();
-        let mut accepted: Vec<bool> =
-            valid.iter().zip(&answers).map(|(&i, a)| exact_match(a, &[targets[i].to_string()]) > 0.0).collect();
+        let mut accepted: Vec<bool> = valid.iter().zip(&answers).map(|(&i, a)| self.matches(a, targets[i])).collect();
         let mut generation_ms = elapsed_ms(generation);
         if self.config.judge_fallback {
             let generation = Instant::now();

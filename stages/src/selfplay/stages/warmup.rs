@@ -3,7 +3,6 @@
 //! trained weights are served from the next stage on and become a policy version.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
@@ -19,9 +18,7 @@ use crate::data::datasets::load_questions;
 use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstrations};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
-use crate::selfplay::training::{
-    Checkpoint, PolicyVersion, TrainState, Training, checkpoints_table, policy_versions_batch, policy_versions_table,
-};
+use crate::selfplay::training::{Training, checkpoints_table, policy_versions_table, publish_version};
 use crate::train::{OptimizerConfig, StepReport};
 
 /// Demonstrations written from a generated world's questions.
@@ -235,7 +232,8 @@ impl Stage for Warmup {
                 batches.push((epoch, chunk));
             }
         }
-        let state = training.take().await?;
+        let mut state = training.take().await?;
+        state.optimizer_for(cx.stage_name());
         let parent = state.version;
         let optimizer = self.config.optimizer.clone();
         let mut progress = cx.progress(batches.len() as u64);
@@ -290,21 +288,9 @@ impl Stage for Warmup {
             }
         }
         let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
-        state.version = parent + 1;
         state.tokens_trained += tokens;
         let train_ms = elapsed_ms(clock);
-        let (state, checkpoint, serving) = publish(&selfplay, state).await?;
-        let (sha256, bytes) = checkpoint.digest();
-        let version = PolicyVersion {
-            version: state.version,
-            parent,
-            stage: cx.stage_name().to_string(),
-            method: training.section.method.name().into(),
-            checkpoint_step: cx.step(),
-            sha256,
-            bytes,
-            tokens_trained: state.tokens_trained,
-        };
+        let (state, published) = publish_version(cx, &selfplay, &training, state, parent).await?;
         let count = |role: &str| demonstrations.iter().filter(|d| d.role == role).count() as f64;
         let last_loss = rows.iter().rev().take(8).map(|r| r.loss).sum::<f64>() / rows.len().clamp(1, 8) as f64;
         let metrics = [
@@ -318,32 +304,16 @@ impl Stage for Warmup {
             ("first_loss", rows.first().map_or(0.0, |r| r.loss)),
             ("last_loss", last_loss),
             ("train_ms", train_ms),
-            ("serve_ms", serving),
+            ("serve_ms", published.serve_ms),
             ("policy_version", state.version as f64),
             ("wall_ms", elapsed_ms(clock)),
         ];
         let tables = Tables::new()
             .with("train_steps", train_steps_batch(cx.stage_name(), &rows)?)
-            .with("policy_versions", policy_versions_batch(&[version])?)
-            .with("checkpoints", checkpoint.batch()?)
+            .with("policy_versions", published.policy_versions)
+            .with("checkpoints", published.checkpoints)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?);
         training.put(state).await;
         Ok(tables)
     }
-}
-
-/// Has the policy serve the trainer's weights as its version, and takes the checkpoint.
-/// Returns the state, the checkpoint and how long serving took (ms).
-async fn publish(selfplay: &Arc<SelfPlay>, state: TrainState) -> Result<(TrainState, Checkpoint, f64), StageError> {
-    let policy = selfplay.policy.clone();
-    tokio::task::spawn_blocking(move || {
-        let clock = Instant::now();
-        let loaded = policy.load_weights(&state.trainer.model.serving_weights(), state.version);
-        let serving = elapsed_ms(clock);
-        let checkpoint = Checkpoint::of(&state);
-        loaded.map(|()| (state, checkpoint, serving))
-    })
-    .await
-    .map_err(|e| failed("serving the trained weights", e))?
-    .map_err(|e| failed("serving the trained weights", e))
 }
