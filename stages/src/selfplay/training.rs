@@ -466,3 +466,45 @@ pub async fn publish_version(
         Published { policy_versions: policy_versions_batch(&[version])?, checkpoints: checkpoint.batch()?, serve_ms };
     Ok((state, published))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::testing::{random, tiny_shape};
+
+    fn state(seed: u64) -> TrainState {
+        TrainState {
+            trainer: Trainer::new(TrainModel::new(random(tiny_shape(), true, seed)), 64),
+            version: 0,
+            tokens_trained: 0,
+            optimizer_stage: String::new(),
+            proposer_baseline: None,
+            reference: None,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_read_back_restores_weights_moments_and_the_update_state() {
+        let mut saved = state(1);
+        saved.version = 7;
+        saved.tokens_trained = 1234;
+        saved.optimizer_stage = "update".into();
+        saved.proposer_baseline = Some(-0.25);
+        saved.trainer.adam.step = 3;
+        saved.trainer.adam.m[0][0] = 0.5;
+        let batch = Checkpoint::of(&saved).batch().unwrap();
+        let mut restored = state(2);
+        Checkpoint::read(&batch).unwrap().apply(&mut restored).unwrap();
+        assert_eq!(restored.trainer.model.weights, saved.trainer.model.weights);
+        assert_eq!(restored.trainer.adam, saved.trainer.adam);
+        assert_eq!(
+            (restored.version, restored.tokens_trained, restored.optimizer_stage.as_str(), restored.proposer_baseline),
+            (7, 1234, "update", Some(-0.25))
+        );
+        // Another stage starts from fresh moments; the same one keeps them.
+        restored.optimizer_for("update");
+        assert_eq!(restored.trainer.adam.step, 3);
+        restored.optimizer_for("warmup");
+        assert_eq!((restored.trainer.adam.step, restored.trainer.adam.m[0][0]), (0, 0.0));
+    }
+}

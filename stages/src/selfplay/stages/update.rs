@@ -53,10 +53,10 @@ pub struct UpdateConfig {
     /// Passes over each role's batch.
     #[serde(default = "one")]
     pub ppo_epochs: usize,
-    /// Optimizer steps per pass: the batch is split into this many mini-batches (groups kept
-    /// whole where they fit).
-    #[serde(default = "one")]
-    pub mini_batches: usize,
+    /// Sequences per optimizer step (SSP: 640, so its 1,280 solver rollouts take two steps and
+    /// its 256 proposals one); the whole batch by default.
+    #[serde(default)]
+    pub mini_batch: Option<usize>,
     /// A running-mean baseline for the proposer's REINFORCE (SSP: none).
     #[serde(default)]
     pub proposer_baseline: Option<RunningMean>,
@@ -291,9 +291,9 @@ fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &m
     }
 }
 
-/// Splits `0..n` into `parts` contiguous runs of near-equal length.
-fn split(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
+/// Splits `0..n` into contiguous mini-batches of at most `size` (near-equal lengths).
+fn split(n: usize, size: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let parts = n.div_ceil(size.unwrap_or(n).max(1)).max(1);
     (0..parts).map(|p| p * n / parts..(p + 1) * n / parts).filter(|r| !r.is_empty()).collect()
 }
 
@@ -301,18 +301,13 @@ fn split(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
 struct Plan<'a> {
     config: &'a UpdateConfig,
     temperature: f32,
-    /// The schedule position of this stage's first optimizer step, and the schedule's length.
-    first_lr_step: u64,
+    /// The learning-rate schedule's length in optimizer steps (its position is the
+    /// optimizer's step count, which only this stage advances).
     total_lr_steps: u64,
 }
 
 /// Trains `state` on one role's batch; returns the rows of `updates`.
-fn update_role(
-    state: &mut TrainState,
-    batch: &RoleBatch,
-    plan: &Plan<'_>,
-    lr_step: &mut u64,
-) -> Result<Vec<UpdateRow>, String> {
+fn update_role(state: &mut TrainState, batch: &RoleBatch, plan: &Plan<'_>) -> Result<Vec<UpdateRow>, String> {
     let config = plan.config;
     let mean_reward = batch.rewards.iter().sum::<f64>() / batch.rewards.len().max(1) as f64;
     let summary = UpdateRow {
@@ -325,7 +320,6 @@ fn update_role(
     if batch.advantages.iter().all(|&a| a == 0.0) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
-        *lr_step += (config.ppo_epochs * config.mini_batches) as u64;
         return Ok(vec![UpdateRow { sequences: batch.sequences.len() as u64, ..summary }]);
     }
     let sequences = &batch.sequences;
@@ -347,7 +341,8 @@ fn update_role(
     } else {
         None
     };
-    let fused = config.ppo_epochs == 1 && config.mini_batches == 1;
+    let mini_batches = split(sequences.len(), config.mini_batch);
+    let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
     let old = if fused {
         None
     } else {
@@ -361,14 +356,13 @@ fn update_role(
     }
     let mut rows = Vec::new();
     for epoch in 0..config.ppo_epochs {
-        for (m, range) in split(sequences.len(), config.mini_batches).into_iter().enumerate() {
+        for (m, range) in mini_batches.iter().cloned().enumerate() {
             let clock = Instant::now();
             let chunk = &sequences[range.clone()];
             let scored: usize = chunk.iter().map(|s| s.positions().len()).sum();
             let weight = 1.0 / scored.max(1) as f64;
             let (mut pg, mut kl, mut clipped, mut entropy) = (0.0, 0.0, 0usize, 0.0);
-            *lr_step += 1;
-            let lr = config.optimizer.lr_at(plan.first_lr_step + *lr_step - 1, plan.total_lr_steps);
+            let lr = config.optimizer.lr_at(state.trainer.adam.step + 1, plan.total_lr_steps);
             let report = state
                 .trainer
                 .step(chunk, plan.temperature, &config.optimizer, lr, &mut |k, current| {
@@ -447,8 +441,11 @@ impl Stage for Update {
                 problems.push(ConfigProblem::new("roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
         }
-        if config.ppo_epochs == 0 || config.mini_batches == 0 {
-            problems.push(ConfigProblem::new("ppo_epochs", "ppo_epochs and mini_batches must be at least 1"));
+        if config.ppo_epochs == 0 {
+            problems.push(ConfigProblem::new("ppo_epochs", "must be at least 1"));
+        }
+        if config.mini_batch == Some(0) {
+            problems.push(ConfigProblem::new("mini_batch", "must be at least 1"));
         }
         if let Some(RunningMean { decay }) = config.proposer_baseline
             && !(0.0..1.0).contains(&decay)
@@ -516,17 +513,19 @@ impl Stage for Update {
                 "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
             ));
         }
-        let per_step = (self.config.roles.len() * self.config.ppo_epochs * self.config.mini_batches) as u64;
+        // The schedule's length, if every step's batches were this step's.
+        let per_step: usize = batches
+            .iter()
+            .map(|b| split(b.sequences.len(), self.config.mini_batch).len() * self.config.ppo_epochs)
+            .sum();
+        let total_lr_steps = cx.steps() * per_step as u64;
         let config = self.config.clone();
-        let first_lr_step = (cx.step().saturating_sub(1)) * per_step + 1;
-        let total_lr_steps = cx.steps() * per_step;
         let parent = state.version;
         let worker = tokio::task::spawn_blocking(move || {
-            let plan = Plan { config: &config, temperature, first_lr_step, total_lr_steps };
+            let plan = Plan { config: &config, temperature, total_lr_steps };
             let mut rows = Vec::new();
-            let mut lr_step = 0;
             for batch in &batches {
-                match update_role(&mut state, batch, &plan, &mut lr_step) {
+                match update_role(&mut state, batch, &plan) {
                     Ok(more) => rows.extend(more),
                     Err(e) => return (state, Err(format!("{} update: {e}", batch.role))),
                 }
@@ -611,13 +610,13 @@ mod tests {
         }
     }
 
-    fn config(ppo_epochs: usize, mini_batches: usize) -> UpdateConfig {
+    fn config(ppo_epochs: usize, mini_batch: Option<usize>) -> UpdateConfig {
         UpdateConfig {
             roles: both_roles(),
             optimizer: OptimizerConfig::adamw(1e-2),
             loss: ClippedObjective::default(),
             ppo_epochs,
-            mini_batches,
+            mini_batch,
             proposer_baseline: None,
             skip_groups_without_signal: false,
             keep_every: None,
@@ -632,12 +631,11 @@ mod tests {
     fn repeated_grpo_updates_raise_positive_advantage_sequences_and_lower_negative_ones() {
         let mut state = state();
         let batch = batch(&[1.0, -1.0, 1.0, -1.0]);
-        let config = config(1, 1);
-        let plan = Plan { config: &config, temperature: 1.0, first_lr_step: 1, total_lr_steps: 10 };
+        let config = config(1, None);
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
         let before = totals(&state, &batch);
-        let mut lr_step = 0;
         for round in 0..5 {
-            let rows = update_role(&mut state, &batch, &plan, &mut lr_step).unwrap();
+            let rows = update_role(&mut state, &batch, &plan).unwrap();
             assert_eq!(rows.len(), 1);
             if round == 0 {
                 // The policy is still the reference and the old policy: KL 0, ratio 1.
@@ -654,7 +652,7 @@ mod tests {
                 assert!(a < b, "sequence {i}: {b} → {a}");
             }
         }
-        let last = update_role(&mut state, &batch, &plan, &mut lr_step).unwrap();
+        let last = update_role(&mut state, &batch, &plan).unwrap();
         assert!(last[0].kl > 0.0, "the policy moved away from its reference");
     }
 
@@ -662,9 +660,9 @@ mod tests {
     fn epochs_and_mini_batches_take_an_optimizer_step_each_against_the_old_policy() {
         let mut state = state();
         let batch = batch(&[2.0, -2.0, 2.0, -2.0]);
-        let config = config(2, 2);
-        let plan = Plan { config: &config, temperature: 1.0, first_lr_step: 1, total_lr_steps: 10 };
-        let rows = update_role(&mut state, &batch, &plan, &mut 0).unwrap();
+        let config = config(2, Some(2));
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let rows = update_role(&mut state, &batch, &plan).unwrap();
         let steps: Vec<(u64, u64, u64)> = rows.iter().map(|r| (r.epoch, r.mini_batch, r.optimizer_step)).collect();
         assert_eq!(steps, [(0, 0, 1), (0, 1, 2), (1, 0, 3), (1, 1, 4)]);
         assert!(rows.iter().all(|r| r.sequences == 2));
@@ -679,9 +677,9 @@ mod tests {
         let mut batch = batch(&baseline_advantages(&rewards, 0.5));
         batch.role = "proposer";
         let before = state.trainer.model.weights.clone();
-        let config = config(1, 1);
-        let plan = Plan { config: &config, temperature: 1.0, first_lr_step: 1, total_lr_steps: 10 };
-        let rows = update_role(&mut state, &batch, &plan, &mut 0).unwrap();
+        let config = config(1, None);
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let rows = update_role(&mut state, &batch, &plan).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].optimizer_step, 0, "no optimizer step");
         assert_eq!(state.trainer.model.weights, before);
