@@ -2,7 +2,7 @@
 //! fast, and exact about the loop's invariants and the differences between ablations.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::{Array, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
@@ -513,4 +513,134 @@ async fn a_short_real_run_of_the_quickstart() {
     if failures.iter().any(|(_, b)| b.num_rows() > 0) {
         assert_eq!(consolidations[0].1.num_rows(), 1, "queued failures were distilled");
     }
+}
+
+/// A stand-in for an external trainer (the contract needs no torch): a shell script that checks
+/// what sesa hands it and writes a result, fails or hangs, as the file `mode` says.
+fn external_trainer(dir: &Path) -> (PathBuf, PathBuf) {
+    let mode = dir.join("mode");
+    let script = dir.join("trainer.sh");
+    std::fs::write(
+        &script,
+        format!(
+            r#"set -e
+test "$1" = "$SESA_MANIFEST"
+grep -q '"contract": 1' "$SESA_MANIFEST"
+test -s "$(dirname "$SESA_MANIFEST")/batch.parquet"
+case "$(cat {mode})" in
+  fail) echo "boom: out of GPU memory" >&2; exit 3 ;;
+  hang) sleep 60 ;;
+esac
+mkdir -p "$SESA_CHECKPOINT_DIR"
+echo weights > "$SESA_CHECKPOINT_DIR/model.safetensors"
+printf '{{"checkpoint": "%s", "metrics": {{"solver": {{"loss": 0.5, "optimizer_steps": 2}}}}}}' "$SESA_CHECKPOINT_DIR" > "$SESA_RESULT"
+"#,
+            mode = mode.display()
+        ),
+    )
+    .unwrap();
+    (script, mode)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_fails_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trainer, mode) = external_trainer(dir.path());
+    let reloads = dir.path().join("reloads.txt");
+    let reload = dir.path().join("reload.sh");
+    std::fs::write(&reload, format!("echo \"$SESA_POLICY_VERSION $SESA_CHECKPOINT\" >> {}\n", reloads.display()))
+        .unwrap();
+    let external = dir.path().join("external");
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
+    let text = format!(
+        "{}  update:\n    kind: update\n    after: [consolidate]\n    optimizer: {{lr: 1.0e-6}}\n    external: {{command: [sh, {}], dir: {}, timeout_s: 2, reload_command: [sh, {}]}}\n",
+        SPEC.replace("SEEDS", seeds.to_str().unwrap())
+            .replace("TARGETS", world().join("world/targets.jsonl").to_str().unwrap()),
+        trainer.display(),
+        external.display(),
+        reload.display()
+    );
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, &text).unwrap();
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let contexts = Arc::new(Mutex::new(Vec::new()));
+    let attempt = |id: Option<String>| {
+        let (root, spec, contexts) = (&root, &spec, contexts.clone());
+        async move {
+            let mut run = match &id {
+                None => {
+                    let pipeline = load_pipeline(spec, &[], &sesa_stages::registry()).unwrap();
+                    Run::create(root, pipeline, "test").await.unwrap()
+                }
+                Some(id) => Run::open(root, id, &sesa_stages::registry()).await.unwrap(),
+            };
+            let fresh = resources(world(), contexts);
+            fresh.restore(root, run.id()).await.unwrap();
+            run = run.with_resources(|r| fresh.install(r));
+            let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+            let outcome = run.execute(&Progress::new(ProgressMode::Hidden), stop).await;
+            (run.id().to_string(), run.manifest().committed_steps, outcome.map_err(|e| format!("{e:#}")))
+        }
+    };
+
+    // A trainer that exits non-zero fails the step: nothing of it is committed, and the error
+    // names the command and shows its output.
+    std::fs::write(&mode, "fail").unwrap();
+    let (id, committed, outcome) = attempt(None).await;
+    let error = outcome.unwrap_err();
+    assert_eq!(committed, 0);
+    assert!(error.contains("boom: out of GPU memory") && error.contains("sesa resume"), "{error}");
+    assert!(external.join("step-00000001/batch.parquet").exists());
+
+    // One that runs past its timeout is killed and fails the step too.
+    std::fs::write(&mode, "hang").unwrap();
+    let clock = std::time::Instant::now();
+    let (_, committed, outcome) = attempt(Some(id.clone())).await;
+    let error = outcome.unwrap_err();
+    assert!(clock.elapsed() < std::time::Duration::from_secs(30), "{:?}", clock.elapsed());
+    assert_eq!(committed, 0);
+    assert!(error.contains("did not finish within timeout_s = 2 s"), "{error}");
+
+    // Resumed with a working trainer, every step trains: the servers reload each checkpoint and
+    // the next step's rollouts come from the new version.
+    std::fs::write(&mode, "ok").unwrap();
+    let (_, committed, outcome) = attempt(Some(id.clone())).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Completed);
+    assert_eq!(committed, 4);
+    let checkpoint = |step: u64| external.join(format!("step-{step:08}/checkpoint")).display().to_string();
+    let reloaded = std::fs::read_to_string(&reloads).unwrap();
+    let expected: Vec<String> = (1..=4).map(|v| format!("{v} {}", checkpoint(v))).collect();
+    assert_eq!(reloaded.lines().collect::<Vec<_>>(), expected);
+    let versions = read_table(&root, &id, "policy_versions").await.unwrap();
+    for (step, batch) in &versions {
+        assert_eq!(unsigned(batch, "version"), [*step]);
+        assert_eq!(strings(batch, "external_checkpoint"), [checkpoint(*step)]);
+        assert_eq!(strings(batch, "method"), ["external"]);
+    }
+    for (step, batch) in read_table(&root, &id, "rollouts").await.unwrap() {
+        assert!(unsigned(&batch, "policy_version").iter().all(|&v| v == step - 1), "step {step}");
+    }
+    let updates = read_table(&root, &id, "updates").await.unwrap();
+    let (_, first) = &updates[0];
+    assert_eq!(strings(first, "role"), ["proposer", "solver"]);
+    assert_eq!(floats(first, "loss"), [Some(0.0), Some(0.5)], "the trainer's numbers, per role");
+
+    // The batch holds both roles, proposer first; solver advantages are normalised per question.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(external.join("step-00000002/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["policy_version"], 1);
+    assert_eq!(manifest["next_version"], 2);
+    assert_eq!(manifest["previous_checkpoint"], checkpoint(1));
+    let bytes = bytes::Bytes::from(std::fs::read(external.join("step-00000002/batch.parquet")).unwrap());
+    let batch = sesa_engine::table::decode_parquet(bytes).unwrap();
+    let roles = strings(&batch, "role");
+    let proposals = roles.iter().take_while(|r| *r == "proposer").count();
+    assert_eq!(proposals, 6, "the propose stage's batch");
+    assert!(roles[proposals..].iter().all(|r| r == "solver"));
+    let (groups, advantages) = (unsigned(&batch, "group"), floats(&batch, "advantage"));
+    let mut sums: BTreeMap<u64, f64> = BTreeMap::new();
+    for i in proposals..roles.len() {
+        *sums.entry(groups[i]).or_default() += advantages[i].unwrap();
+    }
+    assert!(sums.values().all(|s| s.abs() < 1e-6), "{sums:?}");
 }

@@ -129,6 +129,17 @@ pub trait Policy: Send + Sync {
         0
     }
 
+    /// Records that the serving side loaded policy version `version` out of process (an
+    /// external trainer's checkpoint, reloaded by the servers); backends that serve weights in
+    /// process refuse.
+    fn reloaded(&self, version: u64) -> Result<(), PolicyError> {
+        let _ = version;
+        Err(PolicyError::Backend {
+            name: self.name().to_string(),
+            message: "this backend serves its weights in process: train with the in-process trainer".into(),
+        })
+    }
+
     /// Serves `weights` (blocking) from the next request on, as policy version `version`;
     /// backends that cannot take weights in process refuse.
     fn load_weights(&self, weights: &crate::weights::LlamaWeights, version: u64) -> Result<(), PolicyError> {

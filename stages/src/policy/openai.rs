@@ -7,7 +7,7 @@
 //! supports it. When it does not, the generation says so (no ids) and the trajectory is marked
 //! inexact rather than guessed.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -67,6 +67,8 @@ pub struct OpenAiPolicy {
     no_tokenizer: AtomicBool,
     /// Permits for requests in flight (`max_concurrency`).
     in_flight: tokio::sync::Semaphore,
+    /// The policy version the server holds, as an external trainer's updates report it.
+    version: AtomicU64,
 }
 
 #[derive(Deserialize)]
@@ -109,7 +111,14 @@ impl OpenAiPolicy {
             .build()
             .map_err(|e| error(e.to_string()))?;
         let in_flight = tokio::sync::Semaphore::new(config.max_concurrency.max(1));
-        Ok(OpenAiPolicy { config, client, api_key, no_tokenizer: AtomicBool::new(false), in_flight })
+        Ok(OpenAiPolicy {
+            config,
+            client,
+            api_key,
+            no_tokenizer: AtomicBool::new(false),
+            in_flight,
+            version: AtomicU64::new(0),
+        })
     }
 
     fn url(&self, path: &str) -> String {
@@ -231,6 +240,15 @@ fn close_open_tag(text: &mut String, stops: &[String]) -> FinishReason {
 impl Policy for OpenAiPolicy {
     fn name(&self) -> &str {
         &self.config.model
+    }
+
+    fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    fn reloaded(&self, version: u64) -> Result<(), PolicyError> {
+        self.version.store(version, Ordering::SeqCst);
+        Ok(())
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {

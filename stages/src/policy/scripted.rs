@@ -3,6 +3,7 @@
 //! bytes of the text (ids 0–255), so ids always decode back to the text.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 
@@ -14,6 +15,8 @@ type Script = dyn Fn(&str, u64) -> String + Send + Sync;
 #[derive(Clone)]
 pub struct ScriptedPolicy {
     script: Arc<Script>,
+    /// Stands in for a server that reloads an external trainer's checkpoints.
+    version: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for ScriptedPolicy {
@@ -26,7 +29,7 @@ impl ScriptedPolicy {
     /// A policy whose next turn is `script(context, seed)`; the end-of-turn marker in the
     /// script's output means end of sequence.
     pub fn new(script: impl Fn(&str, u64) -> String + Send + Sync + 'static) -> Self {
-        ScriptedPolicy { script: Arc::new(script) }
+        ScriptedPolicy { script: Arc::new(script), version: Arc::default() }
     }
 
     fn continue_one(&self, request: &GenerationRequest) -> Generation {
@@ -72,6 +75,15 @@ impl ScriptedPolicy {
 impl Policy for ScriptedPolicy {
     fn name(&self) -> &str {
         "scripted"
+    }
+
+    fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    fn reloaded(&self, version: u64) -> Result<(), PolicyError> {
+        self.version.store(version, Ordering::SeqCst);
+        Ok(())
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {

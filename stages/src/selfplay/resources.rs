@@ -9,6 +9,7 @@ use sesa_engine::spec::Spec;
 use sesa_engine::{ArtifactStore, Resources, RunError, read_table};
 
 use super::rules::FailureQueue;
+use super::stages::ExternalCheckpoint;
 use super::training::{TrainerSection, Training};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
@@ -112,12 +113,18 @@ pub struct LoopResources {
     selfplay: Arc<SelfPlay>,
     memory: Option<Arc<SkillMemory>>,
     training: Option<Arc<Training>>,
+    external: Arc<ExternalCheckpoint>,
 }
 
 impl LoopResources {
     /// Resources built by hand (tests, embedding sesa in another program).
     pub fn new(selfplay: SelfPlay, memory: Option<SkillMemory>) -> LoopResources {
-        LoopResources { selfplay: Arc::new(selfplay), memory: memory.map(Arc::new), training: None }
+        LoopResources {
+            selfplay: Arc::new(selfplay),
+            memory: memory.map(Arc::new),
+            training: None,
+            external: Arc::default(),
+        }
     }
 
     /// Adds a trainer (tests, embedding sesa in another program).
@@ -171,7 +178,7 @@ impl LoopResources {
             templates: Templates::load(&prompts)?,
             pool: Mutex::new(Vec::new()),
         };
-        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory, training }))
+        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory, training, external: Arc::default() }))
     }
 
     /// Rebuilds the state of a run being resumed from its committed tables: the bank from its
@@ -226,6 +233,17 @@ impl LoopResources {
         if let Some(training) = &self.training {
             training.restore(root, run_id, self.selfplay.policy.as_ref()).await?;
         }
+        // An external trainer's last version: the servers hold it (they reloaded it before the
+        // step committed), and the next update starts from its checkpoint.
+        for (_, batch) in read_table(root, run_id, "policy_versions").await? {
+            let reader = Reader::new("policy_versions", &batch);
+            let versions = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
+            let paths = reader.str("external_checkpoint").map_err(|e| corrupt(e.to_string()))?;
+            for (version, path) in versions.into_iter().zip(paths).filter(|(_, p)| !p.is_empty()) {
+                self.selfplay.policy.reloaded(version).map_err(|e| corrupt(e.to_string()))?;
+                *self.external.0.lock().expect("checkpoint lock") = Some((version, path.to_string()));
+            }
+        }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {
             restored.extend(pooled(step, &batch).map_err(|e| corrupt(e.to_string()))?);
@@ -243,6 +261,7 @@ impl LoopResources {
         if let Some(training) = self.training {
             resources.insert(training);
         }
+        resources.insert(self.external);
     }
 }
 

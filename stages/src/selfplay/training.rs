@@ -201,6 +201,7 @@ pub fn policy_versions_batch(rows: &[PolicyVersion]) -> Result<RecordBatch, Arro
         .str("sha256", rows.iter().map(|r| r.sha256.as_str()))
         .u64("checkpoint_bytes", rows.iter().map(|r| r.bytes))
         .u64("tokens_trained", rows.iter().map(|r| r.tokens_trained))
+        .str("external_checkpoint", rows.iter().map(|r| r.external_checkpoint.as_str()))
         .finish()
 }
 
@@ -223,6 +224,8 @@ pub struct PolicyVersion {
     pub bytes: u64,
     /// Tokens trained on over all versions up to this one.
     pub tokens_trained: u64,
+    /// Where an external trainer wrote this version (empty when trained in process).
+    pub external_checkpoint: String,
 }
 
 /// The `policy_versions` table's spec.
@@ -461,6 +464,7 @@ pub async fn publish_version(
         sha256,
         bytes,
         tokens_trained: state.tokens_trained,
+        external_checkpoint: String::new(),
     };
     let published =
         Published { policy_versions: policy_versions_batch(&[version])?, checkpoints: checkpoint.batch()?, serve_ms };

@@ -1,0 +1,150 @@
+//! What a role learns from: its trajectories of the step with their rewards and advantages,
+//! read from the loop's tables (`rollouts` or `proposals`, and `rewards`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use arrow_array::RecordBatch;
+use sesa_engine::{StageError, Tables};
+
+use super::super::failed;
+use crate::columns::Reader;
+use crate::train::{TrainSequence, baseline_advantages, group_advantages};
+
+/// One trajectory to learn from.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Sample {
+    /// Its group: the question (solver) or the proposal (proposer).
+    pub group: u64,
+    pub reward: f64,
+    pub advantage: f64,
+    pub prompt: String,
+    pub response: String,
+    /// Token ids, empty when the policy gave none.
+    pub prompt_ids: Vec<u32>,
+    pub response_ids: Vec<u32>,
+    /// Per response token: 1 where generated (trained on).
+    pub loss_mask: Vec<u32>,
+    /// Per response token: the serving backend's log-probability.
+    pub logprobs: Vec<f32>,
+    /// Whether ids, mask and log-probabilities are exact.
+    pub exact: bool,
+    /// The policy version that generated it.
+    pub policy_version: u64,
+}
+
+impl Sample {
+    /// As a training sequence (prompt never trained on); `None` without token ids.
+    pub fn sequence(&self) -> Option<TrainSequence> {
+        if self.prompt_ids.is_empty() || self.response_ids.is_empty() {
+            return None;
+        }
+        let mut tokens = self.prompt_ids.clone();
+        tokens.extend(&self.response_ids);
+        let mut mask = vec![0u8; self.prompt_ids.len()];
+        mask.extend(self.loss_mask.iter().map(|&m| u8::from(m != 0)));
+        Some(TrainSequence { tokens, mask })
+    }
+
+    /// The serving log-probabilities at the scored positions of [`Self::sequence`] (empty when
+    /// inexact).
+    pub fn serving_at(&self, sequence: &TrainSequence) -> Vec<f32> {
+        if !self.exact {
+            return Vec::new();
+        }
+        let offset = self.prompt_ids.len();
+        sequence.positions().iter().map(|&p| self.logprobs.get(p - offset).copied().unwrap_or(0.0)).collect()
+    }
+}
+
+/// One role's batch.
+pub(super) struct RoleBatch {
+    pub role: &'static str,
+    pub samples: Vec<Sample>,
+    /// Every reward of the role this step (samples left out included).
+    pub rewards: Vec<f64>,
+    pub groups: usize,
+    pub groups_without_signal: usize,
+}
+
+/// The trajectories of a `rollouts` or `proposals` table, with reward and advantage to fill.
+fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sample>, StageError> {
+    let reader = Reader::new(table, batch);
+    let (prompts, responses) = (reader.str("prompt")?, reader.str("response")?);
+    let (prompt_ids, response_ids) = (reader.u32s("prompt_ids")?, reader.u32s("token_ids")?);
+    let (masks, logprobs, exact) = (reader.u32s("loss_mask")?, reader.f32s("logprobs")?, reader.bool("tokens_exact")?);
+    let versions = reader.u64("policy_version")?;
+    Ok((0..reader.rows())
+        .map(|i| Sample {
+            group: groups[i],
+            reward: 0.0,
+            advantage: 0.0,
+            prompt: prompts[i].to_string(),
+            response: responses[i].to_string(),
+            prompt_ids: prompt_ids[i].clone(),
+            response_ids: response_ids[i].clone(),
+            loss_mask: masks[i].clone(),
+            logprobs: logprobs[i].clone(),
+            exact: exact[i],
+            policy_version: versions[i],
+        })
+        .collect())
+}
+
+/// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
+/// whose rewards are all equal left out when `skip_silent`.
+pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBatch, StageError> {
+    let rollouts = inputs.get("rollouts")?;
+    let items = Reader::new("rollouts", rollouts).u64("item")?;
+    let rewards = inputs.get("rewards")?;
+    let reader = Reader::new("rewards", rewards);
+    let (roles, values) = (reader.str("role")?, reader.f64("reward")?);
+    // `rewards` lists the solver's rows first, in rollout order.
+    let solver_rewards: Vec<f64> =
+        roles.iter().zip(&values).filter(|(r, _)| **r == "solver").map(|(_, v)| *v).collect();
+    if solver_rewards.len() != items.len() {
+        return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
+    }
+    let (advantages, groups, without_signal) = group_advantages(&solver_rewards, &items);
+    let mut by_item: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (&item, &reward) in items.iter().zip(&solver_rewards) {
+        by_item.entry(item).or_default().push(reward);
+    }
+    let silent: BTreeSet<u64> = by_item
+        .into_iter()
+        .filter(|(_, r)| skip_silent && r.len() > 1 && r.iter().all(|&x| x == r[0]))
+        .map(|(item, _)| item)
+        .collect();
+    let mut samples = samples("rollouts", rollouts, &items)?;
+    for (i, sample) in samples.iter_mut().enumerate() {
+        (sample.reward, sample.advantage) = (solver_rewards[i], advantages[i]);
+    }
+    samples.retain(|s| !silent.contains(&s.group));
+    Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal: without_signal })
+}
+
+/// The proposer's batch: every proposal with its reward minus the baseline (REINFORCE), which
+/// `baseline` gives from the batch's mean reward.
+pub(super) fn proposer_batch(inputs: &Tables, baseline: impl FnOnce(f64) -> f64) -> Result<RoleBatch, StageError> {
+    let proposals = inputs.get("proposals")?;
+    let items = Reader::new("proposals", proposals).u64("item")?;
+    let rewards = inputs.get("rewards")?;
+    let reader = Reader::new("rewards", rewards);
+    let (roles, reward_items, values) = (reader.str("role")?, reader.u64("item")?, reader.f64("reward")?);
+    let by_item: BTreeMap<u64, f64> =
+        (0..reader.rows()).filter(|&i| roles[i] == "proposer").map(|i| (reward_items[i], values[i])).collect();
+    let rewards: Vec<f64> = items
+        .iter()
+        .map(|item| {
+            by_item
+                .get(item)
+                .copied()
+                .ok_or_else(|| failed("update", format!("proposal {item} has no proposer reward")))
+        })
+        .collect::<Result<_, _>>()?;
+    let advantages = baseline_advantages(&rewards, baseline(super::super::mean(rewards.iter().copied())));
+    let mut samples = samples("proposals", proposals, &items)?;
+    for (i, sample) in samples.iter_mut().enumerate() {
+        (sample.reward, sample.advantage) = (rewards[i], advantages[i]);
+    }
+    Ok(RoleBatch { role: "proposer", samples, groups: items.len(), rewards, groups_without_signal: 0 })
+}

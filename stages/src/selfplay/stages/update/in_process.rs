@@ -1,0 +1,275 @@
+//! The in-process update: the run's own trainer minimises the clipped objective over a
+//! role's batch, mini-batch by mini-batch, epoch by epoch.
+
+use std::time::Instant;
+
+use super::batch::RoleBatch;
+use super::{UpdateConfig, UpdateRow};
+use crate::selfplay::stages::elapsed_ms;
+use crate::selfplay::training::TrainState;
+use crate::train::{TrainSequence, logprobs};
+
+/// Mean and largest absolute difference between two log-probability lists, over the pairs.
+fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &mut usize) {
+    for (a, b) in trainer.iter().zip(serving) {
+        let d = f64::from((a - b).abs());
+        *sum += d;
+        *max = max.max(d);
+        *count += 1;
+    }
+}
+
+/// Splits `0..n` into contiguous mini-batches of at most `size` (near-equal lengths).
+pub(super) fn split(n: usize, size: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let parts = n.div_ceil(size.unwrap_or(n).max(1)).max(1);
+    (0..parts).map(|p| p * n / parts..(p + 1) * n / parts).filter(|r| !r.is_empty()).collect()
+}
+
+/// Settings an update of one role runs with.
+pub(super) struct Plan<'a> {
+    pub config: &'a UpdateConfig,
+    pub temperature: f32,
+    /// The learning-rate schedule's length in optimizer steps (its position is the
+    /// optimizer's step count, which only this stage advances).
+    pub total_lr_steps: u64,
+}
+
+/// Trains `state` on one role's batch; returns the rows of `updates`.
+pub(super) fn update_role(
+    state: &mut TrainState,
+    batch: &RoleBatch,
+    plan: &Plan<'_>,
+) -> Result<Vec<UpdateRow>, String> {
+    let config = plan.config;
+    let mean_reward = crate::selfplay::stages::mean(batch.rewards.iter().copied());
+    let summary = UpdateRow {
+        role: batch.role,
+        groups: batch.groups as u64,
+        groups_without_signal: batch.groups_without_signal as u64,
+        mean_reward,
+        ..UpdateRow::default()
+    };
+    // Trajectories without token ids (an inexact backend) cannot be trained in process.
+    let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
+        batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
+    if samples.iter().all(|s| s.advantage == 0.0) {
+        // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
+        // still move the weights.
+        return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
+    }
+    let serving: Vec<Vec<f32>> = samples.iter().zip(&sequences).map(|(s, q)| s.serving_at(q)).collect();
+    let sequences = &sequences;
+    let budget = state.trainer.micro_batch_tokens;
+    let reference = if config.loss.kl_coef > 0.0 {
+        Some(
+            match &state.reference {
+                Some(model) => logprobs(model, sequences, plan.temperature, budget),
+                None => {
+                    // LoRA: the base weights are the reference.
+                    let adapters = state.trainer.model.adapters.take();
+                    let out = state.trainer.logprobs(sequences, plan.temperature);
+                    state.trainer.model.adapters = adapters;
+                    out
+                }
+            }
+            .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+    let mini_batches = split(sequences.len(), config.mini_batch);
+    let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
+    let old = if fused {
+        None
+    } else {
+        Some(state.trainer.logprobs(sequences, plan.temperature).map_err(|e| e.to_string())?)
+    };
+    let (mut gap_sum, mut gap_max, mut gap_count) = (0.0, 0.0f64, 0usize);
+    if let Some(old) = &old {
+        for (o, s) in old.iter().zip(&serving) {
+            gap(o, s, &mut gap_sum, &mut gap_max, &mut gap_count);
+        }
+    }
+    let mut rows = Vec::new();
+    for epoch in 0..config.ppo_epochs {
+        for (m, range) in mini_batches.iter().cloned().enumerate() {
+            let clock = Instant::now();
+            let chunk = &sequences[range.clone()];
+            let scored: usize = chunk.iter().map(|s| s.positions().len()).sum();
+            let weight = 1.0 / scored.max(1) as f64;
+            let (mut pg, mut kl, mut clipped, mut entropy) = (0.0, 0.0, 0usize, 0.0);
+            let lr = config.optimizer.lr_at(state.trainer.adam.step + 1, plan.total_lr_steps);
+            let report = state
+                .trainer
+                .step(chunk, plan.temperature, &config.optimizer, lr, &mut |k, current| {
+                    let i = range.start + k;
+                    let old = old.as_ref().map_or(current, |o| o[i].as_slice());
+                    if fused {
+                        gap(current, &serving[i], &mut gap_sum, &mut gap_max, &mut gap_count);
+                    }
+                    let mut value = 0.0;
+                    let derivative = (0..current.len())
+                        .map(|t| {
+                            let r = reference.as_ref().map(|r| r[i][t]);
+                            let terms = config.loss.token(current[t], old[t], r, samples[i].advantage);
+                            value += terms.loss * weight;
+                            pg += terms.policy * weight;
+                            kl += terms.kl * weight;
+                            clipped += usize::from(terms.clipped);
+                            entropy -= f64::from(current[t]) * weight;
+                            (terms.derivative * weight) as f32
+                        })
+                        .collect();
+                    (value, derivative)
+                })
+                .map_err(|e| e.to_string())?;
+            state.tokens_trained += report.micro_batches.iter().map(|m| m.tokens as u64).sum::<u64>();
+            rows.push(UpdateRow {
+                epoch: epoch as u64,
+                mini_batch: m as u64,
+                optimizer_step: report.optimizer_step,
+                sequences: chunk.len() as u64,
+                tokens: report.micro_batches.iter().map(|m| m.tokens as u64).sum(),
+                trained_tokens: scored as u64,
+                loss: report.micro_batches.iter().map(|m| m.loss).sum(),
+                pg_loss: pg,
+                kl,
+                clip_fraction: clipped as f64 * weight,
+                entropy,
+                grad_norm: report.grad_norm,
+                lr,
+                wall_ms: elapsed_ms(clock),
+                ..summary
+            });
+        }
+    }
+    let (gap_mean, gap_max) = (gap_sum / gap_count.max(1) as f64, gap_max);
+    for row in &mut rows {
+        (row.logprob_gap, row.logprob_gap_max) = (gap_mean, gap_max);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selfplay::stages::update::batch::Sample;
+    use crate::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
+    use crate::train::{TrainModel, Trainer};
+    use crate::weights::testing::{random, tiny_shape};
+
+    fn state() -> TrainState {
+        let weights = random(tiny_shape(), true, 5);
+        TrainState {
+            trainer: Trainer::new(TrainModel::new(weights.clone()), 64),
+            version: 0,
+            tokens_trained: 0,
+            optimizer_stage: String::new(),
+            proposer_baseline: None,
+            reference: Some(TrainModel::new(weights)),
+        }
+    }
+
+    /// Four sequences of the tiny vocabulary, a prompt of three tokens, with `advantages`.
+    fn batch(advantages: &[f64]) -> RoleBatch {
+        let samples = (0..advantages.len() as u32)
+            .map(|s| {
+                let tokens: Vec<u32> = (0..10).map(|t| (s * 7 + t * 3) % 16).collect();
+                Sample {
+                    group: 0,
+                    reward: 0.0,
+                    advantage: advantages[s as usize],
+                    prompt: String::new(),
+                    response: String::new(),
+                    prompt_ids: tokens[..3].to_vec(),
+                    response_ids: tokens[3..].to_vec(),
+                    loss_mask: vec![1; 7],
+                    logprobs: vec![0.0; 7],
+                    exact: true,
+                    policy_version: 0,
+                }
+            })
+            .collect();
+        RoleBatch { role: "solver", samples, rewards: vec![0.0; advantages.len()], groups: 1, groups_without_signal: 0 }
+    }
+
+    fn sequences(batch: &RoleBatch) -> Vec<TrainSequence> {
+        batch.samples.iter().map(|s| s.sequence().unwrap()).collect()
+    }
+
+    fn config(ppo_epochs: usize, mini_batch: Option<usize>) -> UpdateConfig {
+        UpdateConfig {
+            roles: vec!["proposer".into(), "solver".into()],
+            optimizer: OptimizerConfig::adamw(1e-2),
+            loss: ClippedObjective::default(),
+            ppo_epochs,
+            mini_batch,
+            proposer_baseline: None,
+            skip_groups_without_signal: false,
+            keep_every: None,
+        }
+    }
+
+    fn totals(state: &TrainState, batch: &RoleBatch) -> Vec<f32> {
+        state.trainer.logprobs(&sequences(batch), 1.0).unwrap().iter().map(|l| l.iter().sum()).collect()
+    }
+
+    #[test]
+    fn repeated_grpo_updates_raise_positive_advantage_sequences_and_lower_negative_ones() {
+        let mut state = state();
+        let batch = batch(&[1.0, -1.0, 1.0, -1.0]);
+        let config = config(1, None);
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let before = totals(&state, &batch);
+        for round in 0..5 {
+            let rows = update_role(&mut state, &batch, &plan).unwrap();
+            assert_eq!(rows.len(), 1);
+            if round == 0 {
+                // The policy is still the reference and the old policy: KL 0, ratio 1.
+                assert_eq!(rows[0].kl, 0.0);
+                assert_eq!(rows[0].clip_fraction, 0.0);
+                assert!((rows[0].pg_loss).abs() < 1e-9, "advantages cancel: {}", rows[0].pg_loss);
+            }
+        }
+        let after = totals(&state, &batch);
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            if batch.samples[i].advantage > 0.0 {
+                assert!(a > b, "sequence {i}: {b} → {a}");
+            } else {
+                assert!(a < b, "sequence {i}: {b} → {a}");
+            }
+        }
+        let last = update_role(&mut state, &batch, &plan).unwrap();
+        assert!(last[0].kl > 0.0, "the policy moved away from its reference");
+    }
+
+    #[test]
+    fn epochs_and_mini_batches_take_an_optimizer_step_each_against_the_old_policy() {
+        let mut state = state();
+        let batch = batch(&[2.0, -2.0, 2.0, -2.0]);
+        let config = config(2, Some(2));
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let rows = update_role(&mut state, &batch, &plan).unwrap();
+        let steps: Vec<(u64, u64, u64)> = rows.iter().map(|r| (r.epoch, r.mini_batch, r.optimizer_step)).collect();
+        assert_eq!(steps, [(0, 0, 1), (0, 1, 2), (1, 0, 3), (1, 1, 4)]);
+        assert!(rows.iter().all(|r| r.sequences == 2));
+        // The second epoch's ratios are to the policy before the update: no longer 1.
+        assert!(rows[2].pg_loss != rows[0].pg_loss);
+    }
+
+    #[test]
+    fn reinforce_with_equal_rewards_and_their_baseline_changes_nothing() {
+        let mut state = state();
+        let rewards = [0.5, 0.5, 0.5, 0.5];
+        let mut batch = batch(&baseline_advantages(&rewards, 0.5));
+        batch.role = "proposer";
+        let before = state.trainer.model.weights.clone();
+        let config = config(1, None);
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let rows = update_role(&mut state, &batch, &plan).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].optimizer_step, 0, "no optimizer step");
+        assert_eq!(state.trainer.model.weights, before);
+        assert_eq!(state.trainer.adam.step, 0);
+    }
+}

@@ -1,0 +1,422 @@
+//! `update`: the RL update that ends a step of the loop. The proposer learns by REINFORCE from
+//! the reward stage's proposer rewards (optionally against a running-mean baseline), then the
+//! solver by GRPO from its rollouts' rewards, normalised within each question's group, as in
+//! SSP: two updates of the one shared policy, proposer first. Both minimise the clipped
+//! objective of [`crate::train::objective`] with a KL penalty to the initial policy.
+//!
+//! Old log-probabilities are the trainer's, recomputed on the weights the role's update starts
+//! from (as verl does), never the serving backend's: its precision then cannot bias the ratio.
+//! With one epoch of one mini-batch the update's own forward pass is that recomputation (the
+//! ratio is exactly 1 there), so it costs no extra pass. The gap to the serving backend's
+//! log-probabilities is recorded in `updates`.
+
+mod batch;
+mod external;
+mod in_process;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+
+use self::batch::{RoleBatch, proposer_batch, solver_batch};
+pub use self::external::ExternalCheckpoint;
+use self::external::{CONTRACT_VERSION, ExternalTrainer, Manifest};
+use self::in_process::{Plan, split, update_role};
+use super::propose::Propose;
+use super::reward::Reward;
+use super::solve::Solve;
+use super::{elapsed_ms, failed, metrics_batch, metrics_table};
+use crate::columns::{Columns, schema_of};
+use crate::selfplay::SelfPlay;
+use crate::selfplay::training::{
+    PolicyVersion, Published, Training, checkpoints_table, policy_versions_batch, policy_versions_table,
+    publish_version,
+};
+use crate::train::{ClippedObjective, OptimizerConfig};
+
+/// The proposer's running-mean reward baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunningMean {
+    /// Weight of the old mean at each update: `b ← decay·b + (1 − decay)·mean(rewards)`; the
+    /// first batch's mean starts it.
+    pub decay: f64,
+}
+
+/// The config of `update`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// Roles to train: `proposer` (REINFORCE), `solver` (GRPO); both by default, the proposer
+    /// first whatever the order here.
+    #[serde(default = "both_roles")]
+    pub roles: Vec<String>,
+    /// AdamW and the learning-rate schedule (the schedule spans the run's update steps).
+    pub optimizer: OptimizerConfig,
+    /// The clipped objective and its KL penalty.
+    #[serde(default)]
+    pub loss: ClippedObjective,
+    /// Passes over each role's batch.
+    #[serde(default = "one")]
+    pub ppo_epochs: usize,
+    /// Sequences per optimizer step (SSP: 640, so its 1,280 solver rollouts take two steps and
+    /// its 256 proposals one); the whole batch by default.
+    #[serde(default)]
+    pub mini_batch: Option<usize>,
+    /// A running-mean baseline for the proposer's REINFORCE (SSP: none).
+    #[serde(default)]
+    pub proposer_baseline: Option<RunningMean>,
+    /// Leaves out solver groups whose rewards are all equal (SSP keeps them: their only
+    /// gradient is the KL term). Saves their forward and backward passes on a CPU.
+    #[serde(default)]
+    pub skip_groups_without_signal: bool,
+    /// Checkpoints kept: the latest and those of steps that are multiples of this; every one
+    /// by default.
+    #[serde(default)]
+    pub keep_every: Option<u64>,
+    /// Hands each step's batch to an external trainer (verl, OpenRLHF on a GPU cluster)
+    /// instead of training in process; see the README's "External trainer".
+    #[serde(default)]
+    pub external: Option<ExternalTrainer>,
+}
+
+fn both_roles() -> Vec<String> {
+    vec!["proposer".into(), "solver".into()]
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What an update did, whichever trainer ran it.
+struct Outcome {
+    rows: Vec<UpdateRow>,
+    published: Published,
+    version: u64,
+    train_ms: f64,
+}
+
+/// The RL update.
+pub struct Update {
+    config: UpdateConfig,
+}
+
+/// A row of `updates`: one optimizer step of one role (or a role with nothing to learn).
+#[derive(Debug, Default)]
+pub(super) struct UpdateRow {
+    role: &'static str,
+    epoch: u64,
+    mini_batch: u64,
+    optimizer_step: u64,
+    sequences: u64,
+    tokens: u64,
+    trained_tokens: u64,
+    loss: f64,
+    pg_loss: f64,
+    kl: f64,
+    clip_fraction: f64,
+    entropy: f64,
+    grad_norm: f64,
+    lr: f64,
+    groups: u64,
+    groups_without_signal: u64,
+    mean_reward: f64,
+    logprob_gap: f64,
+    logprob_gap_max: f64,
+    wall_ms: f64,
+}
+
+fn updates_batch(rows: &[UpdateRow]) -> Result<RecordBatch, ArrowError> {
+    Columns::default()
+        .str("role", rows.iter().map(|r| r.role))
+        .u64("epoch", rows.iter().map(|r| r.epoch))
+        .u64("mini_batch", rows.iter().map(|r| r.mini_batch))
+        .u64("optimizer_step", rows.iter().map(|r| r.optimizer_step))
+        .u64("sequences", rows.iter().map(|r| r.sequences))
+        .u64("tokens", rows.iter().map(|r| r.tokens))
+        .u64("trained_tokens", rows.iter().map(|r| r.trained_tokens))
+        .f64("loss", rows.iter().map(|r| r.loss))
+        .f64("pg_loss", rows.iter().map(|r| r.pg_loss))
+        .f64("kl", rows.iter().map(|r| r.kl))
+        .f64("clip_fraction", rows.iter().map(|r| r.clip_fraction))
+        .f64("entropy", rows.iter().map(|r| r.entropy))
+        .f64("grad_norm", rows.iter().map(|r| r.grad_norm))
+        .f64("lr", rows.iter().map(|r| r.lr))
+        .u64("groups", rows.iter().map(|r| r.groups))
+        .u64("groups_without_signal", rows.iter().map(|r| r.groups_without_signal))
+        .f64("mean_reward", rows.iter().map(|r| r.mean_reward))
+        .f64("logprob_gap", rows.iter().map(|r| r.logprob_gap))
+        .f64("logprob_gap_max", rows.iter().map(|r| r.logprob_gap_max))
+        .f64("wall_ms", rows.iter().map(|r| r.wall_ms))
+        .finish()
+}
+
+/// The `updates` table's spec.
+pub fn updates_table() -> TableSpec {
+    TableSpec::new("updates", schema_of(|| updates_batch(&[])))
+}
+
+impl Stage for Update {
+    const KIND: &'static str = "update";
+    const ABOUT: &'static str = "RL update of the policy: REINFORCE for the proposer, then GRPO for the solver";
+    type Config = UpdateConfig;
+
+    fn new(config: UpdateConfig) -> Result<Self, Vec<ConfigProblem>> {
+        let mut problems: Vec<ConfigProblem> = config
+            .optimizer
+            .problems()
+            .into_iter()
+            .map(|(key, message)| ConfigProblem::new(format!("optimizer.{key}"), message))
+            .chain(
+                config
+                    .loss
+                    .problems()
+                    .into_iter()
+                    .map(|(key, message)| ConfigProblem::new(format!("loss.{key}"), message)),
+            )
+            .collect();
+        if config.roles.is_empty() {
+            problems.push(ConfigProblem::new("roles", "name `proposer`, `solver` or both"));
+        }
+        for role in &config.roles {
+            if role != "solver" && role != "proposer" {
+                problems.push(ConfigProblem::new("roles", format!("`{role}` is neither `solver` nor `proposer`")));
+            }
+        }
+        if config.ppo_epochs == 0 {
+            problems.push(ConfigProblem::new("ppo_epochs", "must be at least 1"));
+        }
+        if config.mini_batch == Some(0) {
+            problems.push(ConfigProblem::new("mini_batch", "must be at least 1"));
+        }
+        if let Some(RunningMean { decay }) = config.proposer_baseline
+            && !(0.0..1.0).contains(&decay)
+        {
+            problems.push(ConfigProblem::new("proposer_baseline.decay", format!("must be in [0, 1), got {decay}")));
+        }
+        if config.keep_every == Some(0) {
+            problems.push(ConfigProblem::new("keep_every", "must be at least 1"));
+        }
+        if let Some(external) = &config.external {
+            if external.command.is_empty() {
+                problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
+            }
+            if config.proposer_baseline.is_some() {
+                problems.push(ConfigProblem::new(
+                    "proposer_baseline",
+                    "an external trainer gets the proposer's raw rewards: apply a baseline there",
+                ));
+            }
+        }
+        if problems.is_empty() { Ok(Update { config }) } else { Err(problems) }
+    }
+
+    fn inputs(&self) -> Vec<TableSpec> {
+        let mut inputs = vec![Reward::rewards_table()];
+        if self.trains("solver") {
+            inputs.push(Solve::rollouts_table());
+        }
+        if self.trains("proposer") {
+            inputs.push(Propose::proposals_table());
+        }
+        inputs
+    }
+
+    fn outputs(&self) -> Vec<TableSpec> {
+        let checkpoints = match self.config.keep_every {
+            Some(every) => checkpoints_table().keep_last_and_every(every),
+            None => checkpoints_table(),
+        };
+        vec![updates_table(), policy_versions_table(), checkpoints, metrics_table()]
+    }
+
+    async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
+        let clock = Instant::now();
+        let selfplay: Arc<SelfPlay> = cx.resource::<SelfPlay>()?;
+        let temperature = selfplay.agent.sampling.temperature;
+        if temperature <= 0.0 {
+            return Err(failed(
+                "update",
+                "`agent.sampling.temperature` is 0: RL needs sampled rollouts and their log-probabilities",
+            ));
+        }
+        let outcome = match &self.config.external {
+            Some(external) => self.external(cx, &selfplay, external, &inputs, temperature, clock).await?,
+            None => self.in_process(cx, &selfplay, &inputs, temperature, clock).await?,
+        };
+        let rows = &outcome.rows;
+        let mut metrics: Vec<(String, f64)> = Vec::new();
+        for role in ["proposer", "solver"] {
+            let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.role == role && r.optimizer_step > 0).collect();
+            let Some(first) = rows.iter().find(|r| r.role == role) else { continue };
+            let n = trained.len().max(1) as f64;
+            let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
+            metrics.push((format!("{role}_loss"), average(|r| r.loss)));
+            metrics.push((format!("{role}_kl"), average(|r| r.kl)));
+            metrics.push((format!("{role}_clip_fraction"), average(|r| r.clip_fraction)));
+            metrics.push((format!("{role}_entropy"), average(|r| r.entropy)));
+            metrics.push((format!("{role}_logprob_gap"), first.logprob_gap));
+            metrics.push((format!("{role}_groups_without_signal"), first.groups_without_signal as f64));
+        }
+        let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
+        metrics.push(("tokens".into(), tokens as f64));
+        metrics.push(("train_ms".into(), outcome.train_ms));
+        metrics.push(("serve_ms".into(), outcome.published.serve_ms));
+        metrics.push(("policy_version".into(), outcome.version as f64));
+        metrics.push(("wall_ms".into(), elapsed_ms(clock)));
+        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        Ok(Tables::new()
+            .with("updates", updates_batch(rows)?)
+            .with("policy_versions", outcome.published.policy_versions)
+            .with("checkpoints", outcome.published.checkpoints)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}
+
+impl Update {
+    fn trains(&self, role: &str) -> bool {
+        self.config.roles.iter().any(|r| r == role)
+    }
+
+    /// The roles' batches, the proposer first; `baseline` is the proposer's running mean.
+    fn batches(&self, inputs: &Tables, baseline: &mut Option<f64>) -> Result<Vec<RoleBatch>, StageError> {
+        let mut batches = Vec::new();
+        if self.trains("proposer") {
+            batches.push(proposer_batch(inputs, |mean| match self.config.proposer_baseline {
+                None => 0.0,
+                Some(RunningMean { decay }) => {
+                    let current = baseline.unwrap_or(mean);
+                    *baseline = Some(decay * current + (1.0 - decay) * mean);
+                    current
+                }
+            })?);
+        }
+        if self.trains("solver") {
+            batches.push(solver_batch(inputs, self.config.skip_groups_without_signal)?);
+        }
+        Ok(batches)
+    }
+
+    /// Trains the run's own model.
+    async fn in_process(
+        &self,
+        cx: &StageContext,
+        selfplay: &Arc<SelfPlay>,
+        inputs: &Tables,
+        temperature: f32,
+        clock: Instant,
+    ) -> Result<Outcome, StageError> {
+        let training = cx.resource::<Training>().map_err(|_| {
+            failed(
+                "update",
+                "`update` trains in process with `model: {backend: candle}`; for mistral.rs or OpenAI-compatible \
+                 servers give it an `external:` trainer",
+            )
+        })?;
+        let mut state = training.take().await?;
+        state.optimizer_for(cx.stage_name());
+        if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
+            state.reference = Some(training.reference_model().await?);
+        }
+        let batches = self.batches(inputs, &mut state.proposer_baseline)?;
+        if batches.iter().all(|b| b.samples.iter().all(|s| s.sequence().is_none())) {
+            training.put(state).await;
+            return Err(failed(
+                "update",
+                "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
+            ));
+        }
+        // The schedule's length, if every step's batches were this step's.
+        let per_step: usize =
+            batches.iter().map(|b| split(b.samples.len(), self.config.mini_batch).len() * self.config.ppo_epochs).sum();
+        let total_lr_steps = cx.steps() * per_step as u64;
+        let config = self.config.clone();
+        let parent = state.version;
+        let worker = tokio::task::spawn_blocking(move || {
+            let plan = Plan { config: &config, temperature, total_lr_steps };
+            let mut rows = Vec::new();
+            for batch in &batches {
+                match update_role(&mut state, batch, &plan) {
+                    Ok(more) => rows.extend(more),
+                    Err(e) => return (state, Err(format!("{} update: {e}", batch.role))),
+                }
+            }
+            (state, Ok(rows))
+        });
+        let (state, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                training.put(state).await;
+                return Err(failed("update", e));
+            }
+        };
+        let train_ms = elapsed_ms(clock);
+        let (state, published) = publish_version(cx, selfplay, &training, state, parent).await?;
+        let version = state.version;
+        training.put(state).await;
+        Ok(Outcome { rows, published, version, train_ms })
+    }
+
+    /// Hands the batch to an external trainer and has the servers reload its checkpoint.
+    async fn external(
+        &self,
+        cx: &StageContext,
+        selfplay: &Arc<SelfPlay>,
+        trainer: &ExternalTrainer,
+        inputs: &Tables,
+        temperature: f32,
+        clock: Instant,
+    ) -> Result<Outcome, StageError> {
+        let latest = cx.resource::<ExternalCheckpoint>()?;
+        let previous = latest.0.lock().expect("checkpoint lock").clone();
+        let parent = selfplay.policy.version();
+        let batches = self.batches(inputs, &mut None)?;
+        let directory = trainer.dir.join(format!("step-{:08}", cx.step()));
+        let manifest = Manifest {
+            contract: CONTRACT_VERSION,
+            step: cx.step(),
+            policy_version: parent,
+            next_version: parent + 1,
+            previous_checkpoint: previous.map(|(_, path)| path),
+            batch: directory.join("batch.parquet"),
+            result: directory.join("result.json"),
+            checkpoint_dir: directory.join("checkpoint"),
+            roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
+            temperature,
+            loss: self.config.loss.into(),
+            optimizer: self.config.optimizer.clone(),
+            ppo_epochs: self.config.ppo_epochs,
+            mini_batch: self.config.mini_batch,
+        };
+        let manifest_path = external::write_step(&directory, &external::batch_table(&batches)?, &manifest)?;
+        let result = trainer.train(&manifest_path, &manifest).await?;
+        let train_ms = elapsed_ms(clock);
+        let serving = Instant::now();
+        trainer.reload(&result.checkpoint, parent + 1, &directory.join("reload.log")).await?;
+        selfplay.policy.reloaded(parent + 1).map_err(|e| failed("update", e))?;
+        *latest.0.lock().expect("checkpoint lock") = Some((parent + 1, result.checkpoint.clone()));
+        let version = PolicyVersion {
+            version: parent + 1,
+            parent,
+            stage: cx.stage_name().to_string(),
+            method: "external".into(),
+            checkpoint_step: cx.step(),
+            sha256: String::new(),
+            bytes: 0,
+            tokens_trained: 0,
+            external_checkpoint: result.checkpoint.clone(),
+        };
+        let published = Published {
+            policy_versions: policy_versions_batch(&[version])?,
+            checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
+            serve_ms: elapsed_ms(serving),
+        };
+        Ok(Outcome { rows: external::rows(&batches, &result, train_ms), published, version: parent + 1, train_ms })
+    }
+}
