@@ -153,6 +153,21 @@ enum Command {
         #[arg(long, default_value_t = 1.0)]
         scored: f64,
     },
+    /// Act as an external trainer (the `update` stage's `external:` contract) with sesa's own
+    /// trainer: train on the batch of MANIFEST, write the new weights as a Hugging Face
+    /// directory and the result. A reference for the contract and for comparing another
+    /// trainer's loss on the same batch.
+    TrainExternal {
+        /// The step's `manifest.json` (external trainers get its path as their last argument).
+        manifest: PathBuf,
+        /// The initial model (the KL reference, and the weights when the manifest names no
+        /// previous checkpoint): a GGUF file, a Hugging Face directory or a known model's name.
+        #[arg(long, default_value = "smollm2-135m-instruct")]
+        model: String,
+        /// Tokens per micro-batch at most.
+        #[arg(long, default_value_t = 2048)]
+        micro_batch_tokens: usize,
+    },
     /// Run one agent episode with a spec's model, search and prompts, and print it.
     Ask {
         /// The question (solver), or the target answer (proposer).
@@ -466,6 +481,22 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
         Command::BenchTrain { model, tokens, method, steps, scored } => {
             crate::bench::bench_train(&model, tokens, &method, steps, scored).await
+        }
+        Command::TrainExternal { manifest, model, micro_batch_tokens } => {
+            let model = sesa_stages::sections::local_model(&model).await?;
+            let result = tokio::task::spawn_blocking(move || {
+                sesa_stages::selfplay::train_with_sesa(&manifest, &model, micro_batch_tokens)
+            })
+            .await?
+            .map_err(anyhow::Error::msg)?;
+            for (role, metrics) in &result.metrics {
+                println!(
+                    "{role}: loss {:.6}, entropy {:.6}, kl {:.6}, {} optimizer steps",
+                    metrics.loss, metrics.entropy, metrics.kl, metrics.optimizer_steps
+                );
+            }
+            println!("checkpoint: {}", result.checkpoint);
+            Ok(0)
         }
         Command::Ask { text, spec, overrides, role, hops, seed } => {
             let role = match role {

@@ -275,6 +275,11 @@ impl Policy for CandlePolicy {
         self.inner.version.load(Ordering::SeqCst)
     }
 
+    fn reloaded(&self, version: u64, checkpoint: &Path) -> Result<(), PolicyError> {
+        let files = ModelFiles::read(checkpoint).map_err(|e| self.inner.error(e))?;
+        self.load_weights(&files.weights, version)
+    }
+
     fn load_weights(&self, weights: &LlamaWeights, version: u64) -> Result<(), PolicyError> {
         if weights.shape != self.inner.shape {
             return Err(self.inner.error(format!(

@@ -129,14 +129,14 @@ pub trait Policy: Send + Sync {
         0
     }
 
-    /// Records that the serving side loaded policy version `version` out of process (an
-    /// external trainer's checkpoint, reloaded by the servers); backends that serve weights in
-    /// process refuse.
-    fn reloaded(&self, version: u64) -> Result<(), PolicyError> {
-        let _ = version;
+    /// Serves policy version `version`, an external trainer's checkpoint at `checkpoint`
+    /// (blocking): a remote backend records that its servers reloaded it; the `candle` backend
+    /// loads the checkpoint (a Hugging Face directory) itself.
+    fn reloaded(&self, version: u64, checkpoint: &std::path::Path) -> Result<(), PolicyError> {
+        let _ = (version, checkpoint);
         Err(PolicyError::Backend {
             name: self.name().to_string(),
-            message: "this backend serves its weights in process: train with the in-process trainer".into(),
+            message: "this backend cannot serve an external trainer's checkpoints".into(),
         })
     }
 

@@ -246,7 +246,7 @@ impl Policy for OpenAiPolicy {
         self.version.load(Ordering::SeqCst)
     }
 
-    fn reloaded(&self, version: u64) -> Result<(), PolicyError> {
+    fn reloaded(&self, version: u64, _checkpoint: &std::path::Path) -> Result<(), PolicyError> {
         self.version.store(version, Ordering::SeqCst);
         Ok(())
     }

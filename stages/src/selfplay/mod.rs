@@ -18,5 +18,6 @@ pub use self::rules::{
 };
 pub use self::stages::{
     Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Update, Verify, Warmup, metrics_batch,
+    train_with_sesa,
 };
 pub use self::training::{TrainerSection, Training};

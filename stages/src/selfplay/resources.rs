@@ -3,6 +3,7 @@
 //! spec has a `memory:` section. Their state (bank, failure queue, reuse pool) lives in memory
 //! during a run and is rebuilt from the run's tables when it resumes.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use sesa_engine::spec::Spec;
@@ -235,14 +236,18 @@ impl LoopResources {
         }
         // An external trainer's last version: the servers hold it (they reloaded it before the
         // step committed), and the next update starts from its checkpoint.
+        let mut last = None;
         for (_, batch) in read_table(root, run_id, "policy_versions").await? {
             let reader = Reader::new("policy_versions", &batch);
             let versions = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
             let paths = reader.str("external_checkpoint").map_err(|e| corrupt(e.to_string()))?;
             for (version, path) in versions.into_iter().zip(paths).filter(|(_, p)| !p.is_empty()) {
-                self.selfplay.policy.reloaded(version).map_err(|e| corrupt(e.to_string()))?;
-                *self.external.0.lock().expect("checkpoint lock") = Some((version, path.to_string()));
+                last = Some((version, path.to_string()));
             }
+        }
+        if let Some((version, path)) = last {
+            self.selfplay.policy.reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
+            *self.external.0.lock().expect("checkpoint lock") = Some((version, path));
         }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {

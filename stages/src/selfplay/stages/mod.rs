@@ -24,7 +24,7 @@ pub use self::priming::Priming;
 pub use self::propose::Propose;
 pub use self::reward::Reward;
 pub use self::solve::Solve;
-pub use self::update::{ExternalCheckpoint, Update};
+pub use self::update::{ExternalCheckpoint, Update, train_with_sesa};
 pub use self::verify::Verify;
 pub use self::warmup::Warmup;
 use crate::agent::{Outcome, Trajectory};

@@ -119,7 +119,7 @@ pub struct TrainerResult {
 }
 
 /// One role's numbers in `result.json`; absent ones are recorded as 0.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RoleMetrics {
     pub optimizer_steps: u64,
@@ -294,4 +294,138 @@ pub fn rows(batches: &[RoleBatch], result: &TrainerResult, wall_ms: f64) -> Vec<
             }
         })
         .collect()
+}
+
+/// The update batch of a step, read back as the roles' batches, in the manifest's order.
+fn read_batch(manifest: &Manifest) -> Result<Vec<RoleBatch>, String> {
+    let bytes = std::fs::read(&manifest.batch).map_err(|e| format!("reading {}: {e}", manifest.batch.display()))?;
+    let table = sesa_engine::table::decode_parquet(bytes.into())
+        .map_err(|e| format!("decoding {}: {e}", manifest.batch.display()))?;
+    let reader = crate::columns::Reader::new("batch", &table);
+    let column = |e: StageError| e.to_string();
+    let (roles, groups) = (reader.str("role").map_err(column)?, reader.u64("group").map_err(column)?);
+    let (rewards, advantages) = (reader.f64("reward").map_err(column)?, reader.f64("advantage").map_err(column)?);
+    let (prompts, responses) = (reader.str("prompt").map_err(column)?, reader.str("response").map_err(column)?);
+    let prompt_ids = reader.u32s("prompt_ids").map_err(column)?;
+    let response_ids = reader.u32s("response_ids").map_err(column)?;
+    let masks = reader.u32s("loss_mask").map_err(column)?;
+    let logprobs = reader.f32s("old_logprobs").map_err(column)?;
+    let exact = reader.bool("tokens_exact").map_err(column)?;
+    let versions = reader.u64("policy_version").map_err(column)?;
+    Ok(manifest
+        .roles
+        .iter()
+        .map(|(role, _)| {
+            let rows: Vec<usize> = (0..reader.rows()).filter(|&i| roles[i] == role).collect();
+            RoleBatch {
+                role: if role == "proposer" { "proposer" } else { "solver" },
+                samples: rows
+                    .iter()
+                    .map(|&i| super::batch::Sample {
+                        group: groups[i],
+                        reward: rewards[i],
+                        advantage: advantages[i],
+                        prompt: prompts[i].to_string(),
+                        response: responses[i].to_string(),
+                        prompt_ids: prompt_ids[i].clone(),
+                        response_ids: response_ids[i].clone(),
+                        loss_mask: masks[i].clone(),
+                        logprobs: logprobs[i].clone(),
+                        exact: exact[i],
+                        policy_version: versions[i],
+                    })
+                    .collect(),
+                rewards: rows.iter().map(|&i| rewards[i]).collect(),
+                groups: rows.iter().map(|&i| groups[i]).collect::<std::collections::BTreeSet<_>>().len(),
+                groups_without_signal: 0,
+            }
+        })
+        .collect())
+}
+
+/// sesa's own trainer behind the contract (`sesa train-external`): trains the weights of the
+/// manifest's previous checkpoint (or `model`, the initial weights, which are also the KL
+/// reference) on its batch with the in-process trainer, full fine-tuning, then writes the new
+/// weights as a Hugging Face directory and `result.json`. It keeps no optimizer state between
+/// steps (AdamW starts afresh each step): a reference for the contract and for checking another
+/// trainer's loss on the same batch, not a replacement for a distributed one.
+pub fn train_with_sesa(manifest_path: &Path, model: &Path, micro_batch_tokens: usize) -> Result<TrainerResult, String> {
+    use crate::policy::ModelFiles;
+    use crate::selfplay::training::TrainState;
+    use crate::train::{TrainModel, Trainer};
+    let text = std::fs::read(manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&text).map_err(|e| format!("parsing {}: {e}", manifest_path.display()))?;
+    if manifest.contract != CONTRACT_VERSION {
+        return Err(format!("contract {} is not the supported {CONTRACT_VERSION}", manifest.contract));
+    }
+    let batches = read_batch(&manifest)?;
+    let initial = ModelFiles::read(model)?;
+    let weights = match &manifest.previous_checkpoint {
+        Some(previous) => ModelFiles::read(Path::new(previous))?.weights,
+        None => initial.weights.clone(),
+    };
+    let mut state = TrainState {
+        trainer: Trainer::new(TrainModel::new(weights), micro_batch_tokens),
+        version: manifest.policy_version,
+        tokens_trained: 0,
+        optimizer_stage: String::new(),
+        proposer_baseline: None,
+        reference: (manifest.loss.kl_coef > 0.0).then(|| TrainModel::new(initial.weights.clone())),
+    };
+    let loss = manifest.loss;
+    let config = super::UpdateConfig {
+        roles: manifest.roles.iter().map(|(r, _)| r.clone()).collect(),
+        optimizer: manifest.optimizer.clone(),
+        loss: ClippedObjective {
+            clip_low: loss.clip_low,
+            clip_high: loss.clip_high,
+            clip_dual: loss.clip_dual,
+            kl_coef: loss.kl_coef,
+        },
+        ppo_epochs: manifest.ppo_epochs,
+        mini_batch: manifest.mini_batch,
+        proposer_baseline: None,
+        skip_groups_without_signal: false,
+        keep_every: None,
+        external: None,
+    };
+    let total_lr_steps: usize = batches
+        .iter()
+        .map(|b| super::in_process::split(b.samples.len(), config.mini_batch).len() * config.ppo_epochs)
+        .sum();
+    let plan = super::in_process::Plan {
+        config: &config,
+        temperature: manifest.temperature,
+        total_lr_steps: total_lr_steps as u64,
+    };
+    let mut metrics = BTreeMap::new();
+    for batch in &batches {
+        let rows = super::in_process::update_role(&mut state, batch, &plan)?;
+        let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.optimizer_step > 0).collect();
+        let n = trained.len().max(1) as f64;
+        let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
+        metrics.insert(
+            batch.role.to_string(),
+            RoleMetrics {
+                optimizer_steps: trained.len() as u64,
+                loss: average(|r| r.loss),
+                pg_loss: average(|r| r.pg_loss),
+                kl: average(|r| r.kl),
+                clip_fraction: average(|r| r.clip_fraction),
+                entropy: average(|r| r.entropy),
+                grad_norm: average(|r| r.grad_norm),
+                lr: average(|r| r.lr),
+                tokens: rows.iter().map(|r| r.tokens).sum(),
+                logprob_gap: rows.first().map_or(0.0, |r| r.logprob_gap),
+                logprob_gap_max: rows.first().map_or(0.0, |r| r.logprob_gap_max),
+            },
+        );
+    }
+    initial.export(&state.trainer.model.weights, &manifest.checkpoint_dir)?;
+    let checkpoint = manifest.checkpoint_dir.display().to_string();
+    let result = serde_json::json!({"checkpoint": checkpoint, "metrics": metrics});
+    let json = serde_json::to_vec_pretty(&result).map_err(|e| e.to_string())?;
+    write_atomically(&manifest.result, &json).map_err(|e| e.to_string())?;
+    Ok(TrainerResult { checkpoint, metrics })
 }

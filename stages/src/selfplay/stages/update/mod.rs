@@ -14,6 +14,7 @@ mod batch;
 mod external;
 mod in_process;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,8 +25,8 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use self::batch::{RoleBatch, proposer_batch, solver_batch};
-pub use self::external::ExternalCheckpoint;
 use self::external::{CONTRACT_VERSION, ExternalTrainer, Manifest};
+pub use self::external::{ExternalCheckpoint, train_with_sesa};
 use self::in_process::{Plan, split, update_role};
 use super::propose::Propose;
 use super::reward::Reward;
@@ -399,7 +400,11 @@ impl Update {
         let train_ms = elapsed_ms(clock);
         let serving = Instant::now();
         trainer.reload(&result.checkpoint, parent + 1, &directory.join("reload.log")).await?;
-        selfplay.policy.reloaded(parent + 1).map_err(|e| failed("update", e))?;
+        let (policy, path) = (selfplay.policy.clone(), PathBuf::from(&result.checkpoint));
+        tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
+            .await
+            .map_err(|e| failed("serving the new checkpoint", e))?
+            .map_err(|e| failed("serving the new checkpoint", e))?;
         *latest.0.lock().expect("checkpoint lock") = Some((parent + 1, result.checkpoint.clone()));
         let version = PolicyVersion {
             version: parent + 1,

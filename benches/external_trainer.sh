@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One step's update batch through sesa's trainer and through the PyTorch reference trainer
+# (examples/external_trainer/grpo_trainer.py), side by side: the same loss, entropy, KL and clip
+# fraction within the tolerance printed at the end.
+#
+#   benches/external_trainer.sh MODEL_DIR
+#
+# MODEL_DIR is a Hugging Face directory, e.g. a warm start exported from a learning run:
+#   sesa model export runs/<learn-run> --version 1 --out warm
+# One step of specs/learn.yaml (no warm start, no evaluation) runs with `sesa train-external`
+# as its external trainer, which writes the batch; the reference trainer then trains the same
+# batch from the same weights. Two epochs of two mini-batches, so the second epoch's ratios and
+# KL are away from 1 and 0. Needs torch, transformers and pyarrow.
+set -euo pipefail
+model=$(realpath "${1:?usage: benches/external_trainer.sh MODEL_DIR}")
+cd "$(dirname "$0")/.."
+sesa=${SESA:-target/release/sesa}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$sesa" run specs/learn.yaml --store "$work/runs" --set steps=1 --set seed=7 \
+  --set stages.warmup=null --set stages.warm_start_eval=null --set stages.eval=null \
+  --set 'stages.propose.after=[]' --set "model.model=$model" \
+  --set stages.update.ppo_epochs=2 --set stages.update.mini_batch=16 \
+  --set "stages.update.external={command: [$sesa, train-external, --model, $model], dir: $work/external}" \
+  > "$work/run.log" 2>&1 || { tail -30 "$work/run.log"; exit 1; }
+step="$work/external/step-00000001"
+echo "batch: $(python3 -c "import pyarrow.parquet as pq; t = pq.read_table('$step/batch.parquet'); print(t.num_rows, 'trajectories')")"
+
+python3 examples/external_trainer/grpo_trainer.py --model "$model" \
+  --result "$work/torch.json" --checkpoint-dir "$work/torch-checkpoint" "$step/manifest.json" > /dev/null
+
+python3 - "$step/result.json" "$work/torch.json" <<'EOF'
+import json, sys
+sesa, torch = (json.load(open(p))["metrics"] for p in sys.argv[1:3])
+TOLERANCE = 2e-3  # relative, or absolute below 1e-3
+worst = 0.0
+print(f"{'role':<9} {'metric':<14} {'sesa':>12} {'pytorch':>12} {'difference':>11}")
+for role in sesa:
+    for metric in ("optimizer_steps", "loss", "pg_loss", "kl", "clip_fraction", "entropy", "grad_norm"):
+        a, b = sesa[role].get(metric, 0.0), torch[role].get(metric, 0.0)
+        difference = abs(a - b) / max(abs(a), abs(b), 1e-3) if metric != "grad_norm" else 0.0
+        worst = max(worst, difference)
+        print(f"{role:<9} {metric:<14} {a:>12.6g} {b:>12.6g} {abs(a - b):>11.2e}")
+print(f"largest relative difference (grad norm aside): {worst:.2e}; tolerance {TOLERANCE}")
+sys.exit(0 if worst <= TOLERANCE else 1)
+EOF

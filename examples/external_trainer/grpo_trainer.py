@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""A reference external trainer for sesa's `update` stage, in PyTorch: a starting point for
+wiring verl, OpenRLHF or your own trainer to sesa. See the README, "External trainer".
+
+sesa runs it as `COMMAND... MANIFEST` with SESA_MANIFEST, SESA_RESULT and SESA_CHECKPOINT_DIR
+set. It reads the step's batch (Parquet: one row per trajectory, with sesa's advantages),
+trains a Hugging Face causal LM with the same clipped objective as sesa's in-process trainer
+(PPO ratio clipped at 1 - clip_low and 1 + clip_high, a dual clip for negative advantages, a
+k3 KL penalty to the initial model, token-mean over each mini-batch), saves the new weights to
+the checkpoint directory and writes result.json. Exit 0 only when all of that succeeded.
+
+    python3 grpo_trainer.py --model INITIAL_HF_DIR MANIFEST
+    # in a spec:
+    #   update: {kind: update, optimizer: {...},
+    #            external: {command: [python3, examples/external_trainer/grpo_trainer.py,
+    #                                 --model, /models/initial], dir: external/}}
+
+Like `sesa train-external`, it keeps no optimizer state between steps (AdamW starts afresh);
+a trainer that runs for the whole run would keep it.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import pyarrow.parquet as pq
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def split(n, size):
+    """Contiguous mini-batches of at most `size` (near-equal lengths), as sesa splits them."""
+    parts = max(1, math.ceil(n / max(1, size or n)))
+    return [range(p * n // parts, (p + 1) * n // parts) for p in range(parts) if (p + 1) * n // parts > p * n // parts]
+
+
+def lr_at(optimizer, step, total):
+    """sesa's schedule: linear warmup, then constant or cosine."""
+    warmup, lr = optimizer.get("warmup_steps", 0), optimizer["lr"]
+    if step <= warmup:
+        return lr * step / (warmup + 1)
+    if optimizer.get("schedule", "constant") == "constant":
+        return lr
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    low = optimizer.get("min_lr", 0.0)
+    return low + 0.5 * (lr - low) * (1 + math.cos(math.pi * progress))
+
+
+def token_logprobs(model, rows, temperature):
+    """Per row, the log-probabilities of its trained response tokens (loss mask 1)."""
+    out = []
+    for row in rows:
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+        logits = model(ids).logits[0, :-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        start = len(row["prompt_ids"]) - 1
+        mask = torch.tensor(row["loss_mask"], dtype=torch.bool)
+        out.append(logp[start:][mask])
+    return out
+
+
+def clipped_loss(logp, old, ref, advantage, loss):
+    """The clipped surrogate with a dual clip and the k3 KL, per token (sesa's objective)."""
+    ratio = torch.exp(torch.clamp(logp - old, -20, 20))
+    unclipped = -advantage * ratio
+    clipped = -advantage * torch.clamp(ratio, 1 - loss["clip_low"], 1 + loss["clip_high"])
+    policy = torch.maximum(unclipped, clipped)
+    if advantage < 0:
+        policy = torch.minimum(policy, torch.full_like(policy, -advantage * loss["clip_dual"]))
+    kl = torch.zeros_like(policy)
+    if ref is not None and loss["kl_coef"] > 0:
+        log_ratio = torch.clamp(ref - logp, -20, 20)
+        kl = torch.clamp(torch.exp(log_ratio) - log_ratio - 1, -10, 10)
+    return policy + loss["kl_coef"] * kl, policy, kl, (clipped > unclipped)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifest")
+    parser.add_argument("--model", required=True, help="the initial model (HF directory): KL reference and start")
+    parser.add_argument("--result", help="override the manifest's result path")
+    parser.add_argument("--checkpoint-dir", help="override the manifest's checkpoint directory")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    manifest = json.load(open(args.manifest))
+    if manifest["contract"] != 1:
+        sys.exit(f"contract {manifest['contract']} is not the supported 1")
+    result_path = args.result or manifest["result"]
+    checkpoint_dir = args.checkpoint_dir or manifest["checkpoint_dir"]
+    table = pq.read_table(manifest["batch"]).to_pylist()
+    start = manifest.get("previous_checkpoint") or args.model
+    model = AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32)
+    loss_settings, optimizer_settings = manifest["loss"], manifest["optimizer"]
+    reference = None
+    if loss_settings["kl_coef"] > 0:
+        reference = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
+    betas = optimizer_settings.get("betas", [0.9, 0.999])
+    adam = torch.optim.AdamW(
+        model.parameters(),
+        lr=optimizer_settings["lr"],
+        betas=tuple(betas),
+        eps=optimizer_settings.get("eps", 1e-8),
+        weight_decay=optimizer_settings.get("weight_decay", 0.0),
+    )
+    temperature, epochs = manifest["temperature"], manifest["ppo_epochs"]
+    batches = {role: [r for r in table if r["role"] == role and r["prompt_ids"]] for role, _ in manifest["roles"]}
+    total = sum(len(split(len(rows), manifest["mini_batch"])) * epochs for rows in batches.values())
+    step, metrics = 0, {}
+    for role, _ in manifest["roles"]:
+        rows = batches[role]
+        if not rows or all(r["advantage"] == 0 for r in rows):
+            metrics[role] = {"optimizer_steps": 0}
+            continue
+        with torch.no_grad():
+            old = token_logprobs(model, rows, temperature)
+            ref = token_logprobs(reference, rows, temperature) if reference is not None else [None] * len(rows)
+        gap = [abs(o - torch.tensor(r["old_logprobs"])[torch.tensor(r["loss_mask"], dtype=torch.bool)]) for o, r in zip(old, rows)]
+        gap = torch.cat(gap) if gap else torch.zeros(1)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
+        steps = 0
+        for _ in range(epochs):
+            for chunk in split(len(rows), manifest["mini_batch"]):
+                step += 1
+                lr = lr_at(optimizer_settings, step, total)
+                for group in adam.param_groups:
+                    group["lr"] = lr
+                current = token_logprobs(model, [rows[i] for i in chunk], temperature)
+                tokens = sum(len(c) for c in current)
+                terms = [clipped_loss(c, old[i], ref[i], rows[i]["advantage"], loss_settings) for c, i in zip(current, chunk)]
+                loss = sum(t[0].sum() for t in terms) / tokens
+                adam.zero_grad()
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optimizer_settings.get("clip_norm", 0) or float("inf"))
+                adam.step()
+                steps += 1
+                sums["loss"] += loss.item()
+                sums["pg_loss"] += sum(t[1].sum() for t in terms).item() / tokens
+                sums["kl"] += sum(t[2].sum() for t in terms).item() / tokens
+                sums["clip_fraction"] += sum(t[3].sum() for t in terms).item() / tokens
+                sums["entropy"] += -sum(c.sum() for c in current).item() / tokens
+                sums["grad_norm"] += float(norm)
+                sums["lr"] += lr
+        metrics[role] = {k: v / steps for k, v in sums.items()}
+        metrics[role].update(
+            optimizer_steps=steps,
+            tokens=sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows) * epochs,
+            logprob_gap=gap.mean().item(),
+            logprob_gap_max=gap.max().item(),
+        )
+    model.save_pretrained(checkpoint_dir, safe_serialization=True)
+    AutoTokenizer.from_pretrained(args.model).save_pretrained(checkpoint_dir)
+    partial = result_path + ".partial"
+    json.dump({"checkpoint": checkpoint_dir, "metrics": metrics}, open(partial, "w"), indent=2)
+    os.replace(partial, result_path)
+    for role, m in metrics.items():
+        print(f"{role}: " + ", ".join(f"{k} {v:.6g}" for k, v in m.items()))
+
+
+if __name__ == "__main__":
+    main()
