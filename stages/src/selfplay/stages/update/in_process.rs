@@ -155,7 +155,6 @@ mod tests {
     use super::*;
     use crate::selfplay::stages::update::batch::Sample;
     use crate::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
-    use crate::train::{TrainModel, Trainer};
     use crate::weights::testing::{random, tiny_shape};
 
     fn state() -> TrainState {
@@ -207,6 +206,7 @@ mod tests {
             proposer_baseline: None,
             skip_groups_without_signal: false,
             keep_every: None,
+            external: None,
         }
     }
 
