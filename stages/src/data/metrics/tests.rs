@@ -65,3 +65,12 @@ fn properties_hold_on_random_strings() {
         assert_eq!(extract_answer(&format!("{other}<answer>{text}</answer>")), Some(text.trim().to_string()));
     }
 }
+
+#[test]
+fn an_answer_is_contained_only_as_whole_words() {
+    assert!(contains_answer("Fenmermerod is located in the country of Thudrovaia.", "Thudrovaia"));
+    assert!(contains_answer("It was founded by Vaquo Vaod in 1802", "the Vaquo Vaod"));
+    assert!(!contains_answer("Thudrovaians live there", "Thudrovaia"), "a word's prefix is not the word");
+    assert!(!contains_answer("US", "USA"));
+    assert!(!contains_answer("anything at all", "the"), "an answer that normalises to nothing matches nothing");
+}
