@@ -15,6 +15,10 @@ fn keep_freed_memory() {
     // SAFETY: mallopt only tunes the allocator; it runs before any other thread exists.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        // Freed memory is kept per arena, and glibc gives each thread that allocates its own
+        // arena (up to 8 per core): a training stage on one blocking thread, the next on
+        // another, each kept its peak, and a learning run grew past 20 GB. Two arenas share it.
+        libc::mallopt(libc::M_ARENA_MAX, 2);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
         libc::mallopt(libc::M_TOP_PAD, 64 << 20);
     }
