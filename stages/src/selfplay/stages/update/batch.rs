@@ -66,12 +66,18 @@ pub(super) struct RoleBatch {
     pub groups_without_signal: usize,
 }
 
-/// The trajectories of a `rollouts` or `proposals` table, with reward and advantage to fill.
-fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sample>, StageError> {
-    let reader = Reader::new(table, batch);
+/// The trajectories of a table, with reward and advantage to fill: a `rollouts` or
+/// `proposals` table (`token_ids`, `logprobs`) or an external trainer's batch (`response_ids`,
+/// `old_logprobs`).
+pub(super) fn read_samples(
+    reader: &Reader<'_>,
+    response_ids: &str,
+    logprobs: &str,
+    groups: &[u64],
+) -> Result<Vec<Sample>, StageError> {
     let (prompts, responses) = (reader.str("prompt")?, reader.str("response")?);
-    let (prompt_ids, response_ids) = (reader.u32s("prompt_ids")?, reader.u32s("token_ids")?);
-    let (masks, logprobs, exact) = (reader.u32s("loss_mask")?, reader.f32s("logprobs")?, reader.bool("tokens_exact")?);
+    let (prompt_ids, response_ids) = (reader.u32s("prompt_ids")?, reader.u32s(response_ids)?);
+    let (masks, logprobs, exact) = (reader.u32s("loss_mask")?, reader.f32s(logprobs)?, reader.bool("tokens_exact")?);
     let versions = reader.u64("policy_version")?;
     Ok((0..reader.rows())
         .map(|i| Sample {
@@ -88,6 +94,10 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
             policy_version: versions[i],
         })
         .collect())
+}
+
+fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sample>, StageError> {
+    read_samples(&Reader::new(table, batch), "token_ids", "logprobs", groups)
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups

@@ -135,6 +135,28 @@ pub struct RoleMetrics {
     pub logprob_gap_max: f64,
 }
 
+impl RoleMetrics {
+    /// One role's `updates` rows summed up: means over its optimizer steps.
+    pub(super) fn of(rows: &[UpdateRow]) -> RoleMetrics {
+        let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.optimizer_step > 0).collect();
+        let n = trained.len().max(1) as f64;
+        let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
+        RoleMetrics {
+            optimizer_steps: trained.len() as u64,
+            loss: average(|r| r.loss),
+            pg_loss: average(|r| r.pg_loss),
+            kl: average(|r| r.kl),
+            clip_fraction: average(|r| r.clip_fraction),
+            entropy: average(|r| r.entropy),
+            grad_norm: average(|r| r.grad_norm),
+            lr: average(|r| r.lr),
+            tokens: rows.iter().map(|r| r.tokens).sum(),
+            logprob_gap: rows.first().map_or(0.0, |r| r.logprob_gap),
+            logprob_gap_max: rows.first().map_or(0.0, |r| r.logprob_gap_max),
+        }
+    }
+}
+
 /// The update batch as a table.
 pub fn batch_table(batches: &[RoleBatch]) -> Result<RecordBatch, ArrowError> {
     let rows: Vec<(&str, &super::batch::Sample)> =
@@ -305,13 +327,10 @@ fn read_batch(manifest: &Manifest) -> Result<Vec<RoleBatch>, String> {
     let column = |e: StageError| e.to_string();
     let (roles, groups) = (reader.str("role").map_err(column)?, reader.u64("group").map_err(column)?);
     let (rewards, advantages) = (reader.f64("reward").map_err(column)?, reader.f64("advantage").map_err(column)?);
-    let (prompts, responses) = (reader.str("prompt").map_err(column)?, reader.str("response").map_err(column)?);
-    let prompt_ids = reader.u32s("prompt_ids").map_err(column)?;
-    let response_ids = reader.u32s("response_ids").map_err(column)?;
-    let masks = reader.u32s("loss_mask").map_err(column)?;
-    let logprobs = reader.f32s("old_logprobs").map_err(column)?;
-    let exact = reader.bool("tokens_exact").map_err(column)?;
-    let versions = reader.u64("policy_version").map_err(column)?;
+    let mut samples = super::batch::read_samples(&reader, "response_ids", "old_logprobs", &groups).map_err(column)?;
+    for (i, sample) in samples.iter_mut().enumerate() {
+        (sample.reward, sample.advantage) = (rewards[i], advantages[i]);
+    }
     Ok(manifest
         .roles
         .iter()
@@ -319,22 +338,7 @@ fn read_batch(manifest: &Manifest) -> Result<Vec<RoleBatch>, String> {
             let rows: Vec<usize> = (0..reader.rows()).filter(|&i| roles[i] == role).collect();
             RoleBatch {
                 role: if role == "proposer" { "proposer" } else { "solver" },
-                samples: rows
-                    .iter()
-                    .map(|&i| super::batch::Sample {
-                        group: groups[i],
-                        reward: rewards[i],
-                        advantage: advantages[i],
-                        prompt: prompts[i].to_string(),
-                        response: responses[i].to_string(),
-                        prompt_ids: prompt_ids[i].clone(),
-                        response_ids: response_ids[i].clone(),
-                        loss_mask: masks[i].clone(),
-                        logprobs: logprobs[i].clone(),
-                        exact: exact[i],
-                        policy_version: versions[i],
-                    })
-                    .collect(),
+                samples: rows.iter().map(|&i| samples[i].clone()).collect(),
                 rewards: rows.iter().map(|&i| rewards[i]).collect(),
                 groups: rows.iter().map(|&i| groups[i]).collect::<std::collections::BTreeSet<_>>().len(),
                 groups_without_signal: 0,
@@ -402,25 +406,7 @@ pub fn train_with_sesa(manifest_path: &Path, model: &Path, micro_batch_tokens: u
     let mut metrics = BTreeMap::new();
     for batch in &batches {
         let rows = super::in_process::update_role(&mut state, batch, &plan)?;
-        let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.optimizer_step > 0).collect();
-        let n = trained.len().max(1) as f64;
-        let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
-        metrics.insert(
-            batch.role.to_string(),
-            RoleMetrics {
-                optimizer_steps: trained.len() as u64,
-                loss: average(|r| r.loss),
-                pg_loss: average(|r| r.pg_loss),
-                kl: average(|r| r.kl),
-                clip_fraction: average(|r| r.clip_fraction),
-                entropy: average(|r| r.entropy),
-                grad_norm: average(|r| r.grad_norm),
-                lr: average(|r| r.lr),
-                tokens: rows.iter().map(|r| r.tokens).sum(),
-                logprob_gap: rows.first().map_or(0.0, |r| r.logprob_gap),
-                logprob_gap_max: rows.first().map_or(0.0, |r| r.logprob_gap_max),
-            },
-        );
+        metrics.insert(batch.role.to_string(), RoleMetrics::of(&rows));
     }
     initial.export(&state.trainer.model.weights, &manifest.checkpoint_dir)?;
     let checkpoint = manifest.checkpoint_dir.display().to_string();

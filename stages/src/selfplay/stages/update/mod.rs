@@ -108,7 +108,7 @@ pub struct Update {
 }
 
 /// A row of `updates`: one optimizer step of one role (or a role with nothing to learn).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct UpdateRow {
     role: &'static str,
     epoch: u64,
@@ -253,15 +253,14 @@ impl Stage for Update {
         let rows = &outcome.rows;
         let mut metrics: Vec<(String, f64)> = Vec::new();
         for role in ["proposer", "solver"] {
-            let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.role == role && r.optimizer_step > 0).collect();
-            let Some(first) = rows.iter().find(|r| r.role == role) else { continue };
-            let n = trained.len().max(1) as f64;
-            let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
-            metrics.push((format!("{role}_loss"), average(|r| r.loss)));
-            metrics.push((format!("{role}_kl"), average(|r| r.kl)));
-            metrics.push((format!("{role}_clip_fraction"), average(|r| r.clip_fraction)));
-            metrics.push((format!("{role}_entropy"), average(|r| r.entropy)));
-            metrics.push((format!("{role}_logprob_gap"), first.logprob_gap));
+            let of_role: Vec<UpdateRow> = rows.iter().filter(|r| r.role == role).cloned().collect();
+            let Some(first) = of_role.first() else { continue };
+            let summary = external::RoleMetrics::of(&of_role);
+            metrics.push((format!("{role}_loss"), summary.loss));
+            metrics.push((format!("{role}_kl"), summary.kl));
+            metrics.push((format!("{role}_clip_fraction"), summary.clip_fraction));
+            metrics.push((format!("{role}_entropy"), summary.entropy));
+            metrics.push((format!("{role}_logprob_gap"), summary.logprob_gap));
             metrics.push((format!("{role}_groups_without_signal"), first.groups_without_signal as f64));
         }
         let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
