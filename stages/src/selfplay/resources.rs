@@ -247,7 +247,7 @@ impl LoopResources {
         }
         if let Some((version, path)) = last {
             self.selfplay.policy.reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
-            *self.external.0.lock().expect("checkpoint lock") = Some((version, path));
+            *self.external.0.lock().expect("checkpoint lock") = Some(path);
         }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {

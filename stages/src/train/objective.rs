@@ -7,10 +7,10 @@
 //! log-ratios are clamped to ±20 before `exp`, the KL estimate to ±10.
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The clipped objective's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClippedObjective {
     /// The ratio is clipped below at `1 − clip_low`.
@@ -110,16 +110,16 @@ impl ClippedObjective {
 }
 
 /// GRPO's advantages: each reward minus its group's mean, over the group's unbiased standard
-/// deviation plus 1e-6 (a group of one: the reward itself, as verl). Returns the advantages and
-/// the number of groups, and of groups whose rewards are all equal (no signal).
-pub fn group_advantages(rewards: &[f64], groups: &[u64]) -> (Vec<f64>, usize, usize) {
+/// deviation plus 1e-6 (a group of one: the reward itself, as verl). Returns the advantages, the
+/// number of groups, and the groups of more than one whose rewards are all equal (no signal).
+pub fn group_advantages(rewards: &[f64], groups: &[u64]) -> (Vec<f64>, usize, std::collections::BTreeSet<u64>) {
     let mut members: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
     for (i, &group) in groups.iter().enumerate() {
         members.entry(group).or_default().push(i);
     }
     let mut advantages = vec![0.0; rewards.len()];
-    let mut without_signal = 0;
-    for indices in members.values() {
+    let mut without_signal = std::collections::BTreeSet::new();
+    for (&group, indices) in &members {
         let n = indices.len() as f64;
         if indices.len() == 1 {
             advantages[indices[0]] = rewards[indices[0]] / (1.0 + 1e-6);
@@ -128,7 +128,7 @@ pub fn group_advantages(rewards: &[f64], groups: &[u64]) -> (Vec<f64>, usize, us
         let mean = indices.iter().map(|&i| rewards[i]).sum::<f64>() / n;
         let variance = indices.iter().map(|&i| (rewards[i] - mean).powi(2)).sum::<f64>() / (n - 1.0);
         if indices.iter().all(|&i| rewards[i] == rewards[indices[0]]) {
-            without_signal += 1;
+            without_signal.insert(group);
         }
         for &i in indices {
             advantages[i] = (rewards[i] - mean) / (variance.sqrt() + 1e-6);
@@ -202,7 +202,7 @@ mod tests {
     fn grpo_normalises_within_groups_and_counts_groups_without_signal() {
         let (advantages, groups, without_signal) =
             group_advantages(&[1.0, 0.0, 0.0, 1.0, 1.0, 0.5], &[7, 7, 7, 9, 9, 4]);
-        assert_eq!((groups, without_signal), (3, 1));
+        assert_eq!((groups, without_signal.len()), (3, 1));
         // Group 7: mean 1/3, unbiased std 0.57735.
         assert!((advantages[0] - (2.0 / 3.0) / (0.5773503 + 1e-6)).abs() < 1e-5);
         assert!((advantages[1] + (1.0 / 3.0) / (0.5773503 + 1e-6)).abs() < 1e-5);

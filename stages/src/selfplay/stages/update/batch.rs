@@ -1,7 +1,7 @@
 //! What a role learns from: its trajectories of the step with their rewards and advantages,
 //! read from the loop's tables (`rollouts` or `proposals`, and `rewards`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use arrow_array::RecordBatch;
 use sesa_engine::{StageError, Tables};
@@ -33,9 +33,14 @@ pub(super) struct Sample {
 }
 
 impl Sample {
+    /// Whether the policy gave its token ids (in-process training needs them).
+    pub fn has_ids(&self) -> bool {
+        !self.prompt_ids.is_empty() && !self.response_ids.is_empty()
+    }
+
     /// As a training sequence (prompt never trained on); `None` without token ids.
     pub fn sequence(&self) -> Option<TrainSequence> {
-        if self.prompt_ids.is_empty() || self.response_ids.is_empty() {
+        if !self.has_ids() {
             return None;
         }
         let mut tokens = self.prompt_ids.clone();
@@ -114,22 +119,16 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBat
     if solver_rewards.len() != items.len() {
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
     }
-    let (advantages, groups, without_signal) = group_advantages(&solver_rewards, &items);
-    let mut by_item: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-    for (&item, &reward) in items.iter().zip(&solver_rewards) {
-        by_item.entry(item).or_default().push(reward);
-    }
-    let silent: BTreeSet<u64> = by_item
-        .into_iter()
-        .filter(|(_, r)| skip_silent && r.len() > 1 && r.iter().all(|&x| x == r[0]))
-        .map(|(item, _)| item)
-        .collect();
+    let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
     let mut samples = samples("rollouts", rollouts, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage) = (solver_rewards[i], advantages[i]);
     }
-    samples.retain(|s| !silent.contains(&s.group));
-    Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal: without_signal })
+    let groups_without_signal = silent.len();
+    if skip_silent {
+        samples.retain(|s| !silent.contains(&s.group));
+    }
+    Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal })
 }
 
 /// The proposer's batch: every proposal with its reward minus the baseline (REINFORCE), which

@@ -58,11 +58,11 @@ fn hour() -> u64 {
     3600
 }
 
-/// The newest checkpoint an external trainer wrote, and its policy version: where the next
-/// update starts from. A run's resources hold it; a resumed run rebuilds it from
-/// `policy_versions`.
+/// The newest checkpoint an external trainer wrote (its version is the one the policy serves):
+/// where the next update starts from. A run's resources hold it; a resumed run rebuilds it
+/// from `policy_versions`.
 #[derive(Debug, Default)]
-pub struct ExternalCheckpoint(pub Mutex<Option<(u64, String)>>);
+pub struct ExternalCheckpoint(pub Mutex<Option<String>>);
 
 /// What sesa tells the trainer, as `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,25 +86,10 @@ pub struct Manifest {
     pub roles: Vec<(String, usize)>,
     /// Log-probabilities are those of the logits divided by this.
     pub temperature: f32,
-    pub loss: LossSettings,
+    pub loss: ClippedObjective,
     pub optimizer: OptimizerConfig,
     pub ppo_epochs: usize,
     pub mini_batch: Option<usize>,
-}
-
-/// The clipped objective's settings, as the manifest states them.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct LossSettings {
-    pub clip_low: f64,
-    pub clip_high: f64,
-    pub clip_dual: f64,
-    pub kl_coef: f64,
-}
-
-impl From<ClippedObjective> for LossSettings {
-    fn from(o: ClippedObjective) -> Self {
-        LossSettings { clip_low: o.clip_low, clip_high: o.clip_high, clip_dual: o.clip_dual, kl_coef: o.kl_coef }
-    }
 }
 
 /// What the trainer reports, as `result.json`.
@@ -137,8 +122,9 @@ pub struct RoleMetrics {
 
 impl RoleMetrics {
     /// One role's `updates` rows summed up: means over its optimizer steps.
-    pub(super) fn of(rows: &[UpdateRow]) -> RoleMetrics {
-        let trained: Vec<&UpdateRow> = rows.iter().filter(|r| r.optimizer_step > 0).collect();
+    pub(super) fn of<'a>(rows: impl IntoIterator<Item = &'a UpdateRow>) -> RoleMetrics {
+        let rows: Vec<&UpdateRow> = rows.into_iter().collect();
+        let trained: Vec<&UpdateRow> = rows.iter().copied().filter(|r| r.optimizer_step > 0).collect();
         let n = trained.len().max(1) as f64;
         let average = |f: fn(&UpdateRow) -> f64| trained.iter().map(|r| f(r)).sum::<f64>() / n;
         RoleMetrics {
@@ -377,16 +363,10 @@ pub fn train_with_sesa(manifest_path: &Path, model: &Path, micro_batch_tokens: u
         proposer_baseline: None,
         reference: (manifest.loss.kl_coef > 0.0).then(|| TrainModel::new(initial.weights.clone())),
     };
-    let loss = manifest.loss;
     let config = super::UpdateConfig {
         roles: manifest.roles.iter().map(|(r, _)| r.clone()).collect(),
         optimizer: manifest.optimizer.clone(),
-        loss: ClippedObjective {
-            clip_low: loss.clip_low,
-            clip_high: loss.clip_high,
-            clip_dual: loss.clip_dual,
-            kl_coef: loss.kl_coef,
-        },
+        loss: manifest.loss,
         ppo_epochs: manifest.ppo_epochs,
         mini_batch: manifest.mini_batch,
         proposer_baseline: None,
@@ -394,14 +374,10 @@ pub fn train_with_sesa(manifest_path: &Path, model: &Path, micro_batch_tokens: u
         keep_every: None,
         external: None,
     };
-    let total_lr_steps: usize = batches
-        .iter()
-        .map(|b| super::in_process::split(b.samples.len(), config.mini_batch).len() * config.ppo_epochs)
-        .sum();
     let plan = super::in_process::Plan {
         config: &config,
         temperature: manifest.temperature,
-        total_lr_steps: total_lr_steps as u64,
+        total_lr_steps: super::in_process::optimizer_steps(&batches, &config),
     };
     let mut metrics = BTreeMap::new();
     for batch in &batches {

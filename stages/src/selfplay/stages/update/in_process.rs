@@ -25,6 +25,11 @@ pub(super) fn split(n: usize, size: Option<usize>) -> Vec<std::ops::Range<usize>
     (0..parts).map(|p| p * n / parts..(p + 1) * n / parts).filter(|r| !r.is_empty()).collect()
 }
 
+/// Optimizer steps an update of `batches` takes: the learning-rate schedule's length per step.
+pub(super) fn optimizer_steps(batches: &[RoleBatch], config: &UpdateConfig) -> u64 {
+    batches.iter().map(|b| (split(b.samples.len(), config.mini_batch).len() * config.ppo_epochs) as u64).sum()
+}
+
 /// Settings an update of one role runs with.
 pub(super) struct Plan<'a> {
     pub config: &'a UpdateConfig,

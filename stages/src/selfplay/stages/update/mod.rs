@@ -27,7 +27,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use self::batch::{RoleBatch, proposer_batch, solver_batch};
 use self::external::{CONTRACT_VERSION, ExternalTrainer, Manifest};
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
-use self::in_process::{Plan, split, update_role};
+use self::in_process::{Plan, optimizer_steps, update_role};
 use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
@@ -108,7 +108,7 @@ pub struct Update {
 }
 
 /// A row of `updates`: one optimizer step of one role (or a role with nothing to learn).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(super) struct UpdateRow {
     role: &'static str,
     epoch: u64,
@@ -253,9 +253,8 @@ impl Stage for Update {
         let rows = &outcome.rows;
         let mut metrics: Vec<(String, f64)> = Vec::new();
         for role in ["proposer", "solver"] {
-            let of_role: Vec<UpdateRow> = rows.iter().filter(|r| r.role == role).cloned().collect();
-            let Some(first) = of_role.first() else { continue };
-            let summary = external::RoleMetrics::of(&of_role);
+            let Some(first) = rows.iter().find(|r| r.role == role) else { continue };
+            let summary = external::RoleMetrics::of(rows.iter().filter(|r| r.role == role));
             metrics.push((format!("{role}_loss"), summary.loss));
             metrics.push((format!("{role}_kl"), summary.kl));
             metrics.push((format!("{role}_clip_fraction"), summary.clip_fraction));
@@ -324,7 +323,7 @@ impl Update {
             state.reference = Some(training.reference_model().await?);
         }
         let batches = self.batches(inputs, &mut state.proposer_baseline)?;
-        if batches.iter().all(|b| b.samples.iter().all(|s| s.sequence().is_none())) {
+        if batches.iter().all(|b| b.samples.iter().all(|s| !s.has_ids())) {
             training.put(state).await;
             return Err(failed(
                 "update",
@@ -332,9 +331,7 @@ impl Update {
             ));
         }
         // The schedule's length, if every step's batches were this step's.
-        let per_step: usize =
-            batches.iter().map(|b| split(b.samples.len(), self.config.mini_batch).len() * self.config.ppo_epochs).sum();
-        let total_lr_steps = cx.steps() * per_step as u64;
+        let total_lr_steps = cx.steps() * optimizer_steps(&batches, &self.config);
         let config = self.config.clone();
         let parent = state.version;
         let worker = tokio::task::spawn_blocking(move || {
@@ -383,13 +380,13 @@ impl Update {
             step: cx.step(),
             policy_version: parent,
             next_version: parent + 1,
-            previous_checkpoint: previous.map(|(_, path)| path),
+            previous_checkpoint: previous,
             batch: directory.join("batch.parquet"),
             result: directory.join("result.json"),
             checkpoint_dir: directory.join("checkpoint"),
             roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
             temperature,
-            loss: self.config.loss.into(),
+            loss: self.config.loss,
             optimizer: self.config.optimizer.clone(),
             ppo_epochs: self.config.ppo_epochs,
             mini_batch: self.config.mini_batch,
@@ -404,7 +401,7 @@ impl Update {
             .await
             .map_err(|e| failed("serving the new checkpoint", e))?
             .map_err(|e| failed("serving the new checkpoint", e))?;
-        *latest.0.lock().expect("checkpoint lock") = Some((parent + 1, result.checkpoint.clone()));
+        *latest.0.lock().expect("checkpoint lock") = Some(result.checkpoint.clone());
         let version = PolicyVersion {
             version: parent + 1,
             parent,
