@@ -49,6 +49,58 @@ enum Command {
         /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
         run: String,
     },
+    /// Evaluate a run's policy (or a spec's initial one) greedily on question sets: one
+    /// `evaluate` step in a new run of the same name, then exact match, F1 and judge accuracy
+    /// per benchmark.
+    Eval {
+        /// A run (`runs/<run-id>`, `s3://bucket/prefix/<run-id>`) or a spec file.
+        target: String,
+        /// NAME=QUESTIONS[,CORPUS]: FlashRAG JSONL or verl Parquet questions; with a Search-R1
+        /// JSONL corpus, search a BM25 index over it (built beside it on first use) instead of
+        /// the spec's search backend. Repeat for several sets.
+        #[arg(long = "benchmark", value_name = "NAME=QUESTIONS[,CORPUS]", required = true)]
+        benchmarks: Vec<String>,
+        /// `base`: the initial policy, no skills; `memory-off`: the run's policy, no skills;
+        /// `memory-on`: the run's policy with its last bank (a spec: its primed bank).
+        #[arg(long, value_enum, default_value_t = EvalModeArg::MemoryOff)]
+        mode: EvalModeArg,
+        /// The run's policy version (default: its last).
+        #[arg(long)]
+        version: Option<u64>,
+        /// A seeded sample of this many questions per benchmark (the paper: 500).
+        #[arg(long)]
+        sample: Option<usize>,
+        /// The sample's seed.
+        #[arg(long, default_value_t = 0)]
+        sample_seed: u64,
+        /// At most this many questions per benchmark.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Where the evaluation run is kept (default: the evaluated run's store, or `runs`).
+        #[arg(long)]
+        store: Option<String>,
+        /// Override a key of the derived spec, e.g. `--set stages.evaluate.concurrency=16`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// The paper's tables and Figure 3 from runs' artifacts: `report.md`, one self-contained
+    /// `report.html`, and each figure as PNG and SVG.
+    Report {
+        /// The runs (`runs/<run-id>`, `s3://bucket/prefix/<run-id>`), matched to the paper's
+        /// rows by spec name (`ssp`, `sesa`, `sesa-no-*`).
+        #[arg(required = true)]
+        runs: Vec<String>,
+        /// The directory to write.
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+        /// Rewrite the report after every committed step until the runs stop (the page reloads
+        /// itself).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between checks for new steps with `--watch`.
+        #[arg(long, default_value_t = 10)]
+        interval: u64,
+    },
     /// Check a spec and print every problem.
     Validate {
         /// The spec file.
@@ -309,6 +361,13 @@ enum WorldCommand {
     },
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EvalModeArg {
+    Base,
+    MemoryOff,
+    MemoryOn,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum AskRole {
     Solver,
@@ -325,7 +384,7 @@ const EXIT_FAILURE: u8 = 1;
 const EXIT_INVALID_SPEC: u8 = 2;
 const EXIT_INTERRUPTED: u8 = 130;
 
-fn code_version() -> &'static str {
+pub(crate) fn code_version() -> &'static str {
     concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
 }
 
@@ -377,6 +436,26 @@ where
 
 async fn dispatch(command: Command, registry: &Registry, progress: &Progress) -> Result<u8> {
     match command {
+        Command::Report { runs, out, watch, interval } => crate::report::report(&runs, &out, watch, interval).await,
+        Command::Eval { target, benchmarks, mode, version, sample, sample_seed, limit, store, overrides } => {
+            let mode = match mode {
+                EvalModeArg::Base => "base",
+                EvalModeArg::MemoryOff => "memory_off",
+                EvalModeArg::MemoryOn => "memory_on",
+            };
+            let request = crate::eval::EvalRequest {
+                target: &target,
+                benchmarks: &benchmarks,
+                mode,
+                version,
+                sample,
+                sample_seed,
+                limit,
+                store: store.as_deref(),
+                overrides: &overrides,
+            };
+            crate::eval::eval(request, registry, progress).await
+        }
         Command::Validate { spec: path, overrides } => {
             let pipeline = load_pipeline(&path, &overrides, registry)?;
             let spec = pipeline.spec();
@@ -572,7 +651,7 @@ async fn build_index(corpus: &Path, out: &Path, progress: &Progress) -> Result<u
 }
 
 /// Runs the remaining steps with Ctrl-C handling, then prints a summary.
-async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
+pub(crate) async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
     let (stop_sender, stop) = watch::channel(StopRequest::None);
     let signals = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
@@ -655,6 +734,9 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
                 row.insert(metric.to_string(), value);
             }
         }
+    }
+    if !steps.values().any(|row| COLUMNS.iter().any(|(metric, _)| row.contains_key(*metric))) {
+        return Ok(());
     }
     let mut header = format!("{:>6}", "step");
     for (_, title) in COLUMNS {

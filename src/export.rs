@@ -14,26 +14,34 @@ pub async fn export(run: &str, version: Option<u64>, out: &Path, registry: &Regi
     let (root, run_id) = crate::cli::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
     let opened = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
-    let spec = opened.pipeline().spec();
-    let Some(model) = spec.section::<ModelSection>() else {
-        bail!("run `{run}` has no `model:` section: nothing was trained")
-    };
-    let ModelSection::Candle(config) = &*model else {
-        bail!(
-            "run `{run}` serves its policy with another backend than `candle`: its weights were not trained in process"
-        )
-    };
-    let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_stages::train::Method::Full);
-    let source = sesa_stages::sections::local_model(&config.model).await?;
-    let files = tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
-    let (version, weights) = weights_at(&root, &run_id, version, files.weights.clone(), &method)
-        .await
-        .with_context(|| format!("reading the checkpoints of `{run}`"))?;
-    let target = out.to_path_buf();
-    tokio::task::spawn_blocking(move || files.export(&weights, &target)).await?.map_err(anyhow::Error::msg)?;
+    let version = export_policy(&root, &opened, version, out).await?;
     println!(
         "{}: policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)",
         out.display()
     );
     Ok(0)
+}
+
+/// Writes policy version `version` (the last when `None`) of `run` into `out`; returns the
+/// version written.
+pub async fn export_policy(root: &ArtifactStore, run: &Run, version: Option<u64>, out: &Path) -> Result<u64> {
+    let spec = run.pipeline().spec();
+    let name = run.location();
+    let Some(model) = spec.section::<ModelSection>() else {
+        bail!("run `{name}` has no `model:` section: nothing was trained")
+    };
+    let ModelSection::Candle(config) = &*model else {
+        bail!(
+            "run `{name}` serves its policy with another backend than `candle`: its weights were not trained in process"
+        )
+    };
+    let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_stages::train::Method::Full);
+    let source = sesa_stages::sections::local_model(&config.model).await?;
+    let files = tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
+    let (version, weights) = weights_at(root, run.id(), version, files.weights.clone(), &method)
+        .await
+        .with_context(|| format!("reading the checkpoints of `{name}`"))?;
+    let target = out.to_path_buf();
+    tokio::task::spawn_blocking(move || files.export(&weights, &target)).await?.map_err(anyhow::Error::msg)?;
+    Ok(version)
 }

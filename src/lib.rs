@@ -7,8 +7,10 @@
 mod ask;
 mod bench;
 mod cli;
+mod eval;
 mod export;
 mod logging;
+mod report;
 mod skills;
 
 pub use cli::{main_with, run_cli};

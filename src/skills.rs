@@ -25,7 +25,7 @@ async fn versions(run: &str) -> Result<BTreeMap<u64, Vec<Skill>>> {
 }
 
 /// The bank at `version`, or at the latest one.
-async fn bank_at(run: &str, version: Option<u64>) -> Result<(u64, Vec<Skill>)> {
+pub(crate) async fn bank_at(run: &str, version: Option<u64>) -> Result<(u64, Vec<Skill>)> {
     let mut versions = versions(run).await?;
     let version = version.unwrap_or_else(|| *versions.keys().next_back().expect("not empty"));
     let known: Vec<String> = versions.keys().map(u64::to_string).collect();

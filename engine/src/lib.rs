@@ -99,3 +99,18 @@ pub fn load_pipeline(path: &Path, overrides: &[String], registry: &Registry) -> 
     let spec = spec::Spec::from_source(&source, registry)?;
     Pipeline::new(spec, &source)
 }
+
+/// Types and checks a resolved spec given as text (no `extends:`), with `--set` style
+/// `overrides`, as a run's saved spec is read back; `label` names it in errors. For tools that
+/// derive one spec from another.
+pub fn pipeline_from_text(
+    text: &str,
+    label: &str,
+    overrides: &[String],
+    registry: &Registry,
+) -> Result<Pipeline, SpecErrors> {
+    let mut source = spec::SourceDoc::from_text(text, label)?;
+    source.apply_overrides(overrides)?;
+    let spec = spec::Spec::from_source(&source, registry)?;
+    Pipeline::new(spec, &source)
+}

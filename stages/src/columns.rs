@@ -52,6 +52,11 @@ impl Columns {
         self.push(name, Arc::new(builder.finish()), false)
     }
 
+    /// Booleans, some absent.
+    pub fn opt_bool(self, name: &str, values: impl IntoIterator<Item = Option<bool>>) -> Self {
+        self.push(name, Arc::new(BooleanArray::from_iter(values)), true)
+    }
+
     /// Text.
     pub fn str<'a>(self, name: &str, values: impl IntoIterator<Item = &'a str>) -> Self {
         self.push(name, Arc::new(StringArray::from_iter_values(values)), false)

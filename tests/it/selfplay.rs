@@ -13,7 +13,7 @@ use sesa_stages::memory::{CachedEmbedder, HashedWords, MemorySection, SkillBank}
 use sesa_stages::policy::ScriptedPolicy;
 use sesa_stages::search::Bm25Index;
 use sesa_stages::sections::AgentSection;
-use sesa_stages::selfplay::{FailureQueue, LoopResources, SelfPlay, SkillMemory, Templates};
+use sesa_stages::selfplay::{FailureQueue, InitialPolicy, LoopResources, SelfPlay, SkillMemory, Templates};
 
 const QUEUE_CAPACITY: usize = 5;
 
@@ -136,6 +136,7 @@ fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
             distill: load("distill.yaml", sesa_stages::agent::DISTILL_PROMPT),
         },
         pool: Mutex::new(Vec::new()),
+        initial: InitialPolicy::never_trained(),
     };
     let memory = SkillMemory {
         bank: Mutex::new(SkillBank::new(MemorySection::default_bank_config())),

@@ -12,7 +12,7 @@ mod rules;
 mod stages;
 pub mod training;
 
-pub use self::resources::{LoopResources, PooledQuestion, SelfPlay, SkillMemory, Templates};
+pub use self::resources::{InitialPolicy, LoopResources, PooledQuestion, SelfPlay, SkillMemory, Templates};
 pub use self::rules::{
     FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
 };

@@ -87,6 +87,48 @@ pub struct SelfPlay {
     pub templates: Templates,
     /// Accepted questions for the `reuse` strategy.
     pub pool: Mutex<Vec<PooledQuestion>>,
+    /// The policy before any training, for `evaluate`'s `base` mode.
+    pub initial: InitialPolicy,
+}
+
+/// The policy as the spec's `model:` opens it, before any update: `evaluate`'s `base` mode.
+/// While the served policy is still at version 0 it is that policy; after an update an
+/// in-process backend loads a second, untrained copy once.
+pub struct InitialPolicy {
+    model: Option<ModelSection>,
+    opened: tokio::sync::OnceCell<Arc<dyn Policy>>,
+}
+
+impl InitialPolicy {
+    /// The initial policy of a spec's `model:` section.
+    pub fn of(model: ModelSection) -> InitialPolicy {
+        InitialPolicy { model: Some(model), opened: tokio::sync::OnceCell::new() }
+    }
+
+    /// For a policy that never trains (a scripted one in tests): the served policy is the
+    /// initial one at every version.
+    pub fn never_trained() -> InitialPolicy {
+        InitialPolicy { model: None, opened: tokio::sync::OnceCell::new() }
+    }
+
+    /// The initial policy, given the one being served.
+    pub async fn get(&self, served: &Arc<dyn Policy>) -> Result<Arc<dyn Policy>, sesa_engine::StageError> {
+        let Some(model) = &self.model else { return Ok(served.clone()) };
+        if served.version() == 0 {
+            return Ok(served.clone());
+        }
+        if let ModelSection::Openai(config) = model {
+            return Err(sesa_engine::StageError::Failed(format!(
+                "evaluating the initial policy after policy version {} is served: the server at {} now \
+                 serves trained weights. Evaluate `base` before the first update, or with \
+                 `sesa eval SPEC --mode base` against a server that serves the initial weights",
+                served.version(),
+                config.base_url
+            )));
+        }
+        let opened = self.opened.get_or_try_init(|| model.open()).await;
+        Ok(opened.map_err(|e| sesa_engine::StageError::Failed(format!("opening the initial policy: {e}")))?.clone())
+    }
 }
 
 impl SelfPlay {
@@ -178,6 +220,7 @@ impl LoopResources {
             agent: (*agent).clone(),
             templates: Templates::load(&prompts)?,
             pool: Mutex::new(Vec::new()),
+            initial: InitialPolicy::of((*model).clone()),
         };
         Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory, training, external: Arc::default() }))
     }

@@ -1,6 +1,8 @@
-//! `evaluate`: the solver's greedy accuracy on question sets, with the policy version being
-//! served and, in `memory_on` mode, the skills of the bank at this step. Exact match and F1
-//! per question, per benchmark and, when questions say their hop count, per hop count.
+//! `evaluate`: the solver's greedy answers on question sets, with the policy version being
+//! served (or the initial policy in `base` mode) and, in `memory_on` mode, the skills of the
+//! bank at this step. Exact match and F1 per question, per benchmark and, when questions say
+//! their hop count, per hop count; with a judge, the paper's judge accuracy (exact match first,
+//! the judge for the rest). Exact match is never reported as accuracy.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,20 +11,23 @@ use std::time::Instant;
 
 use arrow_array::RecordBatch;
 use arrow_schema::ArrowError;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::solve::{Retrieval, retrieve};
+use super::verify::judge_answers;
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
-use crate::agent::{AgentRun, Episode, Outcome, Role};
+use crate::agent::{AgentRun, Episode, Outcome, PromptTemplate, Role};
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
 use crate::data::metrics::{exact_match, f1_score};
-use crate::policy::Sampling;
+use crate::policy::{Policy, Sampling};
 use crate::search::{Bm25Index, Search};
 use crate::sections::WorldSection;
-use crate::selfplay::resources::{SelfPlay, SkillMemory};
+use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 
 /// One question set.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -40,7 +45,15 @@ pub struct BenchmarkConfig {
     /// Only the last `last` questions of the file (a held-out split: see `warmup`).
     #[serde(default)]
     pub last: Option<usize>,
-    /// At most this many questions (after `last`).
+    /// A seeded random sample of this many questions (after `last`), kept in file order: the
+    /// paper evaluates 500 per benchmark (all of a smaller one, such as Bamboogle's 125).
+    #[serde(default)]
+    pub sample: Option<usize>,
+    /// The seed of `sample`: the same seed picks the same questions at every step and in every
+    /// run, so evaluations compare question for question.
+    #[serde(default)]
+    pub sample_seed: u64,
+    /// At most this many questions (after `last` and `sample`).
     #[serde(default)]
     pub limit: Option<usize>,
     /// Search this corpus (Search-R1 JSONL) instead of the spec's search backend; its BM25
@@ -52,19 +65,23 @@ pub struct BenchmarkConfig {
     pub index: Option<PathBuf>,
 }
 
-/// Whether the solver sees skills.
+/// Which policy answers, and whether it sees skills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EvalMode {
-    /// No skills in the prompt (SESA-Off).
+    /// The initial policy (the spec's `model:`, never updated), no skills: the paper's base.
+    Base,
+    /// The policy being served, no skills in the prompt (SESA-Off; SSP).
     MemoryOff,
-    /// The top-k skills of the bank at this step (SESA-On).
+    /// The policy being served with the top-k skills of the bank at this step (SESA-On).
     MemoryOn,
 }
 
 impl EvalMode {
-    fn name(self) -> &'static str {
+    /// The mode's name in the `evals` table.
+    pub fn name(self) -> &'static str {
         match self {
+            EvalMode::Base => "base",
             EvalMode::MemoryOff => "memory_off",
             EvalMode::MemoryOn => "memory_on",
         }
@@ -80,6 +97,10 @@ pub struct EvaluateConfig {
     /// Skills in the prompt or not.
     #[serde(default = "memory_off")]
     pub mode: EvalMode,
+    /// Judge the answers that miss exactly (the paper's accuracy): `true` needs a `judge:`
+    /// section and `prompts.judge`; by default the judge rules whenever the spec names one.
+    #[serde(default)]
+    pub judge: Option<bool>,
     /// Episodes in flight at once: each holds its KV cache (45 KiB per token for SmolLM2), so
     /// this bounds memory however many questions a benchmark has.
     #[serde(default = "concurrency")]
@@ -110,6 +131,10 @@ struct EvalRow {
     prediction: Option<String>,
     em: f64,
     f1: f64,
+    /// The judge's verdict on an answer that missed exactly; `None` when not asked.
+    judged: Option<bool>,
+    /// 1 or 0 when this benchmark is judged, `None` when no judge rules.
+    accuracy: Option<f64>,
     turns: u64,
     searches: u64,
     tokens: u64,
@@ -130,6 +155,8 @@ fn evals_batch(mode: &str, rows: &[EvalRow]) -> Result<RecordBatch, ArrowError> 
         .opt_str("prediction", rows.iter().map(|r| r.prediction.as_deref()))
         .f64("em", rows.iter().map(|r| r.em))
         .f64("f1", rows.iter().map(|r| r.f1))
+        .opt_bool("judged", rows.iter().map(|r| r.judged))
+        .opt_f64("accuracy", rows.iter().map(|r| r.accuracy))
         .u64("turns", rows.iter().map(|r| r.turns))
         .u64("searches", rows.iter().map(|r| r.searches))
         .u64("tokens", rows.iter().map(|r| r.tokens))
@@ -158,6 +185,13 @@ impl Evaluate {
         if let Some(last) = config.last {
             questions.drain(..questions.len().saturating_sub(last));
         }
+        if let Some(size) = config.sample.filter(|&size| size < questions.len()) {
+            let mut rng = ChaCha8Rng::seed_from_u64(config.sample_seed);
+            let mut picked = rand::seq::index::sample(&mut rng, questions.len(), size).into_vec();
+            picked.sort_unstable();
+            let mut all: Vec<Option<Question>> = questions.into_iter().map(Some).collect();
+            questions = picked.into_iter().filter_map(|i| all[i].take()).collect();
+        }
         if let Some(limit) = config.limit {
             questions.truncate(limit);
         }
@@ -173,9 +207,33 @@ impl Evaluate {
     }
 }
 
+/// The judge's verdict on each answer that missed exactly (an unanswered question stays
+/// wrong); `accuracy` becomes 1 where it says correct.
+async fn judge_misses(
+    judge: &dyn Policy,
+    template: &PromptTemplate,
+    rows: &mut [EvalRow],
+    cx: &StageContext,
+) -> Result<(), StageError> {
+    let misses: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].em == 0.0 && rows[i].prediction.is_some()).collect();
+    let asks: Vec<(String, String, String)> = misses
+        .iter()
+        .map(|&i| {
+            let row = &rows[i];
+            (row.question.question.clone(), row.question.golden_answers.join(" | "), row.prediction.clone().unwrap_or_default())
+        })
+        .collect();
+    let verdicts = judge_answers(judge, template, &asks, |k| cx.seed(misses[k] as u64)).await?;
+    for (&i, verdict) in misses.iter().zip(verdicts) {
+        rows[i].judged = Some(verdict);
+        rows[i].accuracy = Some(f64::from(u8::from(verdict)));
+    }
+    Ok(())
+}
+
 impl Stage for Evaluate {
     const KIND: &'static str = "evaluate";
-    const ABOUT: &'static str = "the solver's greedy exact match and F1 on question sets, memory on or off";
+    const ABOUT: &'static str = "the solver's greedy answers on question sets (exact match, F1, judge accuracy): base, memory off or on";
     type Config = EvaluateConfig;
 
     fn new(config: EvaluateConfig) -> Result<Self, Vec<ConfigProblem>> {
@@ -209,7 +267,21 @@ impl Stage for Evaluate {
                 cx.resource::<SkillMemory>()
                     .map_err(|_| StageError::Failed("mode `memory_on` needs a `memory:` section in the spec".into()))?,
             ),
-            EvalMode::MemoryOff => None,
+            EvalMode::MemoryOff | EvalMode::Base => None,
+        };
+        let policy = match self.config.mode {
+            EvalMode::Base => selfplay.initial.get(&selfplay.policy).await?,
+            EvalMode::MemoryOff | EvalMode::MemoryOn => selfplay.policy.clone(),
+        };
+        let judge = match self.config.judge {
+            Some(false) => None,
+            Some(true) if selfplay.judge.is_none() => {
+                return Err(StageError::Failed("`judge: true` needs a `judge:` section in the spec".into()));
+            }
+            _ => match &selfplay.judge {
+                Some(judge) => Some((judge.as_ref(), Templates::require(&selfplay.templates.judge, "judge")?)),
+                None => None,
+            },
         };
         let mut rows = Vec::new();
         let mut metrics: Vec<(String, f64)> = Vec::new();
@@ -230,7 +302,7 @@ impl Stage for Evaluate {
                 .iter()
                 .zip(&retrieval.blocks)
                 .map(|(q, skills)| Episode {
-                    prompt: selfplay.policy.render_chat(
+                    prompt: policy.render_chat(
                         &selfplay
                             .templates
                             .solver
@@ -241,7 +313,7 @@ impl Stage for Evaluate {
                 .collect();
             let agent = AgentRun {
                 role: Role::Solver,
-                policy: selfplay.policy.as_ref(),
+                policy: policy.as_ref(),
                 search: search.as_ref(),
                 top_k: selfplay.top_k,
                 limits: selfplay.agent.limits(),
@@ -260,10 +332,13 @@ impl Stage for Evaluate {
                     _ => None,
                 };
                 let answer = prediction.as_deref().unwrap_or_default();
+                let em = if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 };
                 rows.push(EvalRow {
                     benchmark: name.clone(),
-                    em: if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 },
+                    em,
                     f1: if prediction.is_some() { f1_score(answer, &question.golden_answers) } else { 0.0 },
+                    judged: None,
+                    accuracy: judge.is_some().then_some(em),
                     prediction,
                     turns: trajectory.turns.len() as u64,
                     searches: trajectory.queries().len() as u64,
@@ -274,9 +349,15 @@ impl Stage for Evaluate {
                     question: question.clone(),
                 });
             }
+            if let Some((judge, template)) = judge {
+                judge_misses(judge, template, &mut rows[start..], cx).await?;
+            }
             let these = &rows[start..];
             metrics.push((format!("{name}/em"), mean(these.iter().map(|r| r.em))));
             metrics.push((format!("{name}/f1"), mean(these.iter().map(|r| r.f1))));
+            if judge.is_some() {
+                metrics.push((format!("{name}/accuracy"), mean(these.iter().filter_map(|r| r.accuracy))));
+            }
             metrics.push((
                 format!("{name}/answered"),
                 mean(these.iter().map(|r| f64::from(u8::from(r.prediction.is_some())))),
@@ -290,13 +371,17 @@ impl Stage for Evaluate {
                 metrics.push((format!("{name}/hops{h}/em"), mean(at.map(|r| r.em))));
             }
         }
-        if !self.config.benchmarks.is_empty() {
-            let ems: Vec<f64> = metrics
+        // The unweighted mean over benchmarks, as the paper averages its seven.
+        for metric in ["em", "f1", "accuracy"] {
+            let suffix = format!("/{metric}");
+            let values: Vec<f64> = metrics
                 .iter()
-                .filter(|(m, _)| m.ends_with("/em") && m.matches('/').count() == 1)
+                .filter(|(m, _)| m.ends_with(&suffix) && m.matches('/').count() == 1)
                 .map(|(_, v)| *v)
                 .collect();
-            metrics.push(("average/em".into(), mean(ems)));
+            if !values.is_empty() {
+                metrics.push((format!("average/{metric}"), mean(values)));
+            }
         }
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
         let metric_rows: Vec<(&str, f64)> = metrics.iter().map(|(m, v)| (m.as_str(), *v)).collect();

@@ -1,0 +1,235 @@
+//! `sesa eval`: greedy evaluation of a run's policy (or of a spec's initial one) on question
+//! sets. It derives a one-step spec holding one `evaluate` stage and runs it as a new run of
+//! the same name, so the evaluation has what every run has (progress, resume, Parquet tables)
+//! and `sesa report` finds it beside the run it evaluates.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_yaml::{Mapping, Value};
+use sesa_engine::{ArtifactStore, Progress, Registry, Run, StageError, pipeline_from_text, read_table};
+use sesa_stages::columns::Reader;
+use sesa_stages::memory::SkillFile;
+use sesa_stages::models::sesa_home;
+use sesa_stages::sections::ModelSection;
+use sesa_stages::selfplay::LoopResources;
+
+/// What `sesa eval` was asked.
+pub struct EvalRequest<'a> {
+    /// A run location or a spec file.
+    pub target: &'a str,
+    /// `NAME=QUESTIONS[,CORPUS]`.
+    pub benchmarks: &'a [String],
+    /// `base`, `memory_off` or `memory_on`.
+    pub mode: &'a str,
+    /// The run's policy version (the last when `None`).
+    pub version: Option<u64>,
+    /// A seeded sample per benchmark.
+    pub sample: Option<usize>,
+    /// The sample's seed.
+    pub sample_seed: u64,
+    /// At most this many questions per benchmark.
+    pub limit: Option<usize>,
+    /// Where the evaluation run is kept (default: the evaluated run's store, or `runs`).
+    pub store: Option<&'a str>,
+    /// `--set` overrides of the derived spec.
+    pub overrides: &'a [String],
+}
+
+/// Parses `NAME=QUESTIONS[,CORPUS]` into the `evaluate` stage's benchmark config.
+fn benchmark(argument: &str, sample: Option<usize>, sample_seed: u64, limit: Option<usize>) -> Result<(String, Value)> {
+    let Some((name, files)) = argument.split_once('=').filter(|(n, f)| !n.is_empty() && !f.is_empty()) else {
+        bail!("--benchmark `{argument}`: expected NAME=QUESTIONS[,CORPUS], e.g. hotpotqa=data/hotpotqa/dev.jsonl")
+    };
+    let (questions, corpus) = match files.split_once(',') {
+        Some((questions, corpus)) => (questions, Some(corpus)),
+        None => (files, None),
+    };
+    for file in std::iter::once(questions).chain(corpus) {
+        if !Path::new(file).exists() {
+            bail!("--benchmark `{argument}`: {file} does not exist");
+        }
+    }
+    let mut config = Mapping::new();
+    config.insert("questions".into(), questions.into());
+    if let Some(corpus) = corpus {
+        config.insert("corpus".into(), corpus.into());
+    }
+    if let Some(sample) = sample {
+        config.insert("sample".into(), (sample as u64).into());
+        config.insert("sample_seed".into(), sample_seed.into());
+    }
+    if let Some(limit) = limit {
+        config.insert("limit".into(), (limit as u64).into());
+    }
+    Ok((name.to_string(), Value::Mapping(config)))
+}
+
+/// Where a run's exported policies and banks are cached: `$SESA_HOME/exports/<run-id>`.
+fn export_dir(run_id: &str) -> PathBuf {
+    sesa_home().join("exports").join(run_id)
+}
+
+/// The evaluated run's trained policy as a Hugging Face directory, exported once; `None` when
+/// the run trained nothing in process (its spec's model is then the policy).
+async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
+    let Some(ModelSection::Candle(_)) = run.pipeline().spec().section::<ModelSection>().as_deref() else {
+        return Ok(None);
+    };
+    let trained = read_table(root, run.id(), "policy_versions").await?.iter().any(|(_, b)| b.num_rows() > 0);
+    if !trained {
+        if let Some(version) = version {
+            bail!("run {} trained no policy version, so it has no version {version}", run.id());
+        }
+        return Ok(None);
+    }
+    let staging = export_dir(run.id()).join("policy.partial");
+    let version = crate::export::export_policy(root, run, version, &staging).await?;
+    let out = export_dir(run.id()).join(format!("policy-v{version}"));
+    if out.join("config.json").exists() {
+        std::fs::remove_dir_all(&staging).ok();
+    } else {
+        std::fs::rename(&staging, &out).with_context(|| format!("moving the export to {}", out.display()))?;
+    }
+    Ok(Some((version, out)))
+}
+
+/// The evaluated run's last bank as a skill file, for a `priming` stage.
+async fn last_bank(run_location: &str, run_id: &str) -> Result<(u64, PathBuf)> {
+    let (version, skills) = crate::skills::bank_at(run_location, None).await?;
+    let path = export_dir(run_id).join(format!("bank-v{version}.json"));
+    std::fs::create_dir_all(export_dir(run_id))?;
+    let file = SkillFile { version, skills };
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, serde_json::to_string_pretty(&file)? + "\n")?;
+    std::fs::rename(&partial, &path)?;
+    Ok((version, path))
+}
+
+/// Runs the evaluation and prints each benchmark's numbers.
+pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Progress) -> Result<u8> {
+    if request.benchmarks.is_empty() {
+        bail!("name at least one question set: --benchmark NAME=QUESTIONS[,CORPUS]");
+    }
+    let is_spec = Path::new(request.target).is_file();
+    let (mut doc, store, source) = if is_spec {
+        let pipeline = sesa_engine::load_pipeline(Path::new(request.target), &[], registry)?;
+        (pipeline.spec().resolved.clone(), request.store.unwrap_or("runs").to_string(), None)
+    } else {
+        let (root_location, run_id) = crate::cli::split_run_location(request.target)?;
+        let root = ArtifactStore::open(&root_location)?;
+        let run = Run::open(&root, &run_id, registry)
+            .await
+            .with_context(|| format!("`{}` is neither a spec file nor a run", request.target))?;
+        let store = request.store.unwrap_or(&root_location).to_string();
+        (run.pipeline().spec().resolved.clone(), store, Some((root, run)))
+    };
+    let map = doc.as_mapping_mut().context("the spec is not a mapping")?;
+    let mut stages = Mapping::new();
+    let mut evaluate = Mapping::new();
+    evaluate.insert("kind".into(), "evaluate".into());
+    evaluate.insert("schedule".into(), "once".into());
+    evaluate.insert("mode".into(), request.mode.into());
+    let mut benchmarks = Mapping::new();
+    for argument in request.benchmarks {
+        let (name, config) = benchmark(argument, request.sample, request.sample_seed, request.limit)?;
+        benchmarks.insert(name.into(), config);
+    }
+    evaluate.insert("benchmarks".into(), Value::Mapping(benchmarks));
+    let mut evaluated = String::from("initial policy");
+    if request.mode == "memory_on" {
+        let priming = match &source {
+            Some((_, run)) => {
+                let (version, path) = last_bank(request.target, run.id()).await?;
+                evaluated = format!("bank version {version}");
+                Some(Value::String(path.to_string_lossy().into_owned()))
+            }
+            None => map
+                .get("stages")
+                .and_then(|s| s.as_mapping())
+                .and_then(|s| s.values().find(|v| v.get("kind") == Some(&Value::from("priming"))))
+                .and_then(|p| p.get("skills").cloned()),
+        };
+        let Some(skills) = priming else {
+            bail!("mode memory_on: {} primes no skill bank (no `priming` stage)", request.target)
+        };
+        let mut stage = Mapping::new();
+        stage.insert("kind".into(), "priming".into());
+        stage.insert("schedule".into(), "once".into());
+        stage.insert("skills".into(), skills);
+        stages.insert("priming".into(), Value::Mapping(stage));
+        evaluate.insert("after".into(), Value::Sequence(vec!["priming".into()]));
+    } else {
+        map.remove("memory");
+    }
+    if let (Some((root, run)), false) = (&source, request.mode == "base") {
+        match trained_policy(root, run, request.version).await? {
+            Some((version, dir)) => {
+                let model = map.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
+                model.insert("model".into(), dir.to_string_lossy().into_owned().into());
+                evaluated = format!("policy version {version}, {evaluated}");
+            }
+            None => evaluated = format!("the policy its `model:` serves, {evaluated}"),
+        }
+    }
+    stages.insert("evaluate".into(), Value::Mapping(evaluate));
+    map.insert("stages".into(), Value::Mapping(stages));
+    map.insert("steps".into(), 1u64.into());
+    let text = serde_yaml::to_string(&doc)?;
+    let label = format!("evaluation of {}", request.target);
+    let pipeline = pipeline_from_text(&text, &label, request.overrides, registry)?;
+    let root = ArtifactStore::open(&store)?;
+    let resources = LoopResources::open(pipeline.spec())
+        .await
+        .context("opening the evaluation's models and search")?
+        .context("the spec has no `model:` section: nothing to evaluate")?;
+    let run = Run::create(&root, pipeline, crate::cli::code_version()).await.context("creating the evaluation run")?;
+    eprintln!("evaluating {} ({}, mode {}) → {}", request.target, evaluated, request.mode, run.location());
+    let location = run.location();
+    let run = run.with_resources(|r| resources.install(r));
+    let code = crate::cli::execute(run, progress).await?;
+    if code == 0 {
+        print_results(&root, &crate::cli::split_run_location(&location)?.1).await?;
+    }
+    Ok(code)
+}
+
+/// Per benchmark: questions, exact match, F1 and (when judged) accuracy, in percent.
+async fn print_results(root: &ArtifactStore, run_id: &str) -> Result<()> {
+    #[derive(Default)]
+    struct Sums {
+        n: u64,
+        em: f64,
+        f1: f64,
+        judged: Option<f64>,
+    }
+    let mut by_benchmark: BTreeMap<String, Sums> = BTreeMap::new();
+    for (_, batch) in read_table(root, run_id, "evals").await? {
+        let reader = Reader::new("evals", &batch);
+        let rows = (|| -> Result<_, StageError> {
+            Ok((reader.str("benchmark")?, reader.f64("em")?, reader.f64("f1")?, reader.opt_f64("accuracy")?))
+        })()?;
+        for (((benchmark, em), f1), accuracy) in rows.0.into_iter().zip(rows.1).zip(rows.2).zip(rows.3) {
+            let sums = by_benchmark.entry(benchmark.to_string()).or_default();
+            sums.n += 1;
+            sums.em += em;
+            sums.f1 += f1;
+            if let Some(accuracy) = accuracy {
+                *sums.judged.get_or_insert(0.0) += accuracy;
+            }
+        }
+    }
+    println!("{:<20} {:>9} {:>7} {:>7} {:>9}", "benchmark", "questions", "EM %", "F1 %", "judge %");
+    for (name, sums) in &by_benchmark {
+        let n = sums.n.max(1) as f64;
+        let judged = sums.judged.map_or("-".to_string(), |a| format!("{:.1}", 100.0 * a / n));
+        println!(
+            "{name:<20} {:>9} {:>7.1} {:>7.1} {judged:>9}",
+            sums.n,
+            100.0 * sums.em / n,
+            100.0 * sums.f1 / n
+        );
+    }
+    Ok(())
+}
