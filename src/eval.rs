@@ -137,12 +137,13 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         benchmarks.insert(name.into(), config);
     }
     evaluate.insert("benchmarks".into(), Value::Mapping(benchmarks));
-    let mut evaluated = String::from("initial policy");
+    let mut policy = String::from("the initial policy");
+    let mut bank = String::from("no skills");
     if request.mode == "memory_on" {
         let priming = match &source {
             Some((_, run)) => {
                 let (version, path) = last_bank(request.target, run.id()).await?;
-                evaluated = format!("bank version {version}");
+                bank = format!("the bank at version {version}");
                 Some(Value::String(path.to_string_lossy().into_owned()))
             }
             None => map
@@ -163,14 +164,17 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     } else {
         map.remove("memory");
     }
+    if request.mode == "memory_on" && source.is_none() {
+        bank = "its primed bank".into();
+    }
     if let (Some((root, run)), false) = (&source, request.mode == "base") {
         match trained_policy(root, run, request.version).await? {
             Some((version, dir)) => {
                 let model = map.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
                 model.insert("model".into(), dir.to_string_lossy().into_owned().into());
-                evaluated = format!("policy version {version}, {evaluated}");
+                policy = format!("policy version {version}");
             }
-            None => evaluated = format!("the policy its `model:` serves, {evaluated}"),
+            None => policy = "the policy its `model:` serves".into(),
         }
     }
     stages.insert("evaluate".into(), Value::Mapping(evaluate));
@@ -185,7 +189,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         .context("opening the evaluation's models and search")?
         .context("the spec has no `model:` section: nothing to evaluate")?;
     let run = Run::create(&root, pipeline, crate::cli::code_version()).await.context("creating the evaluation run")?;
-    eprintln!("evaluating {} ({}, mode {}) → {}", request.target, evaluated, request.mode, run.location());
+    eprintln!("evaluating {} ({policy}, {bank}; mode {}) → {}", request.target, request.mode, run.location());
     let location = run.location();
     let run = run.with_resources(|r| resources.install(r));
     let code = crate::cli::execute(run, progress).await?;

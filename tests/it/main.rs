@@ -4,11 +4,13 @@
 //! `specs` (validation errors, extends, overrides), `graph` (rendered graphs), `runs` (run,
 //! resume, SIGKILL crash recovery, Ctrl-C), `s3` (the same on an S3 server), `analysis` (DuckDB over the Parquet output),
 //! `schema` (the checked-in JSON Schemas are current), `selfplay` (the SESA loop with a scripted policy),
+//! `paper` (the paper specs at toy scale, `sesa report` and the documented DuckDB queries),
 //! `tools` (world, index and retriever commands), `training` (a warm start killed and resumed,
 //! model export).
 
 mod analysis;
 mod graph;
+mod paper;
 mod runs;
 mod s3;
 mod schema;

@@ -37,7 +37,8 @@ fn decode(code: &str) -> String {
 
 /// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
 /// answer and the answer is not in the question); a third of solver rollouts answer wrongly,
-/// by seed, so success rates vary; the distillation judge writes two skills per batch, the
+/// by seed, so success rates vary; a SECRET- word (only evaluation questions have one) is
+/// decoded only with skills in the prompt, so memory shows in evaluations; the distillation judge writes two skills per batch, the
 /// second quoting the first failure's answer (a leak admission must reject).
 fn script(context: &str, seed: u64) -> String {
     let response = context.rsplit_once("<|im_start|>assistant\n").map_or("", |(_, r)| r);
@@ -70,6 +71,12 @@ fn script(context: &str, seed: u64) -> String {
     if searched == 0 {
         return format!("<search>{question}</search>");
     }
+    if let Some(secret) = question.split_whitespace().find_map(|w| w.strip_prefix("SECRET-")) {
+        return match context.contains("Search strategies that helped") {
+            true => format!("<answer>{}</answer>", decode(secret)),
+            false => "<answer>nobody</answer>".to_string(),
+        };
+    }
     match question.split_whitespace().find_map(|w| w.strip_prefix("CODE-")) {
         Some(code) if !seed.is_multiple_of(3) => format!("<answer>{}</answer>", decode(code)),
         _ => "<answer>nobody</answer>".to_string(),
@@ -83,7 +90,7 @@ struct Loop {
 }
 
 /// One small world and its index for every loop test of this process (built once: faster).
-fn world() -> &'static Path {
+pub(crate) fn world() -> &'static Path {
     static WORLD: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     WORLD
         .get_or_init(|| {
@@ -116,7 +123,7 @@ stages:
 ";
 
 /// The loop's resources with the scripted policy, recording every context it is given.
-fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
+pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
         contexts.lock().unwrap().push(context.to_string());
         script(context, seed)
@@ -518,7 +525,7 @@ async fn a_short_real_run_of_the_quickstart() {
 
 /// A stand-in for an external trainer (the contract needs no torch): a shell script that checks
 /// what sesa hands it and writes a result, fails or hangs, as the file `mode` says.
-fn external_trainer(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn external_trainer(dir: &Path) -> (PathBuf, PathBuf) {
     let mode = dir.join("mode");
     let script = dir.join("trainer.sh");
     std::fs::write(

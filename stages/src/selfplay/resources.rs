@@ -170,6 +170,12 @@ impl LoopResources {
         }
     }
 
+    /// Drops the skill memory, as for a spec without `memory:` (tests).
+    pub fn without_memory(mut self) -> LoopResources {
+        self.memory = None;
+        self
+    }
+
     /// Adds a trainer (tests, embedding sesa in another program).
     pub fn with_training(mut self, training: Training) -> LoopResources {
         self.training = Some(Arc::new(training));
