@@ -1,7 +1,9 @@
 //! `sesa eval`: greedy evaluation of a run's policy (or of a spec's initial one) on question
 //! sets. It derives a one-step spec holding one `evaluate` stage and runs it as a new run of
 //! the same name, so the evaluation has what every run has (progress, resume, Parquet tables)
-//! and `sesa report` finds it beside the run it evaluates.
+//! and `sesa report` finds it beside the run it evaluates. A run's trained policy is exported
+//! once and named in the derived spec with its version; with memory on, its last bank primes
+//! the evaluation's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,13 +68,14 @@ fn benchmark(argument: &str, sample: Option<usize>, sample_seed: u64, limit: Opt
     Ok((name.to_string(), Value::Mapping(config)))
 }
 
-/// Where a run's exported policies and banks are cached: `$SESA_HOME/exports/<run-id>`.
+/// Where a run's exported policies and banks are kept: `$SESA_HOME/exports/<run-id>`.
 fn export_dir(run_id: &str) -> PathBuf {
     sesa_home().join("exports").join(run_id)
 }
 
-/// The evaluated run's trained policy as a Hugging Face directory, exported once; `None` when
-/// the run trained nothing in process (its spec's model is then the policy).
+/// The evaluated run's trained policy as a Hugging Face directory, exported once (so a resumed
+/// evaluation finds it); `None` when the run trained nothing in process (the policy its
+/// `model:` serves is then the one evaluated).
 async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
     let Some(ModelSection::Candle(_)) = run.pipeline().spec().section::<ModelSection>().as_deref() else {
         return Ok(None);
@@ -172,6 +175,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
             Some((version, dir)) => {
                 let model = map.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
                 model.insert("model".into(), dir.to_string_lossy().into_owned().into());
+                model.insert("policy_version".into(), version.into());
                 policy = format!("policy version {version}");
             }
             None => policy = "the policy its `model:` serves".into(),
@@ -188,6 +192,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         .await
         .context("opening the evaluation's models and search")?
         .context("the spec has no `model:` section: nothing to evaluate")?;
+
     let run = Run::create(&root, pipeline, crate::cli::code_version()).await.context("creating the evaluation run")?;
     eprintln!("evaluating {} ({policy}, {bank}; mode {}) → {}", request.target, request.mode, run.location());
     let location = run.location();

@@ -12,7 +12,7 @@ use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::policy::ModelFiles;
 use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
-use crate::support::{ChildRegistry, only_run, run_sesa_with, spawn_sesa_with, write};
+use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_with, spawn_sesa_with, write};
 
 /// A two-block llama of width 16 over SmolLM2's vocabulary, random weights.
 fn tiny_model(out: &Path) {
@@ -249,4 +249,46 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     );
     assert_ne!(missing.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 2"), "deleted by keep_every");
+
+    // `sesa eval` of the run: its last policy version without memory, and the initial policy,
+    // as new runs of the same name in another store.
+    let evals = dir.path().join("evals");
+    let questions = format!("held_out={}/world/questions.jsonl", dir.path().display());
+    let mut versions = Vec::new();
+    for mode in ["memory-off", "base"] {
+        let output = sesa_with(
+            ChildRegistry::Stages,
+            &[
+                "eval",
+                run.to_str().unwrap(),
+                "--mode",
+                mode,
+                "--benchmark",
+                &questions,
+                "--sample",
+                "3",
+                "--store",
+                evals.to_str().unwrap(),
+            ],
+            dir.path(),
+        )
+        .env("SESA_HOME", dir.path().join("home"))
+        .output()
+        .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        let printed = String::from_utf8_lossy(&output.stdout);
+        assert!(printed.lines().any(|l| l.starts_with("held_out") && l.contains(" 3 ")), "{printed}");
+        let newest = std::fs::read_dir(&evals).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(newest.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(manifest["name"], "tiny training", "an evaluation keeps the run's name");
+        let rows = tables(&newest);
+        let batch = &rows[&("evals".to_string(), 1, "evaluate.parquet".to_string())];
+        assert_eq!(batch.num_rows(), 3);
+        let column = batch.column_by_name("policy_version").unwrap();
+        versions.push(column.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap().value(0));
+    }
+    assert!(versions[0] > 0, "memory off answers with the trained policy: {versions:?}");
+    assert_eq!(versions[1], 0, "base answers with the initial weights");
+    assert!(dir.path().join("home/exports").exists(), "the policy was exported into SESA_HOME");
 }

@@ -46,6 +46,10 @@ pub struct CandleConfig {
     /// first). SmolLM2-135M needs 45 KiB per token: the default 32768 is about 1.5 GB.
     #[serde(default = "default_cache_tokens")]
     pub cache_tokens: usize,
+    /// The policy version these weights are (0: as published, untrained). `sesa eval` sets it
+    /// when it serves a run's exported policy, so evaluations record the version evaluated.
+    #[serde(default)]
+    pub policy_version: u64,
 }
 
 fn default_cache_tokens() -> usize {
@@ -96,7 +100,7 @@ impl CandlePolicy {
             name: name.clone(),
             vocabulary: model.vocabulary(),
             shape: weights.shape,
-            version: AtomicU64::new(0),
+            version: AtomicU64::new(config.policy_version),
             tokenizer,
             stops,
             grammars: OnceLock::new(),

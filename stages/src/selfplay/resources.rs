@@ -114,6 +114,15 @@ impl InitialPolicy {
     /// The initial policy, given the one being served.
     pub async fn get(&self, served: &Arc<dyn Policy>) -> Result<Arc<dyn Policy>, sesa_engine::StageError> {
         let Some(model) = &self.model else { return Ok(served.clone()) };
+        if let ModelSection::Candle(config) = model
+            && config.policy_version > 0
+        {
+            return Err(sesa_engine::StageError::Failed(format!(
+                "the spec's model is policy version {} of a run, not an initial policy: evaluate `base` \
+                 with the spec the run was made from",
+                config.policy_version
+            )));
+        }
         if served.version() == 0 {
             return Ok(served.clone());
         }
