@@ -233,12 +233,7 @@ async fn print_results(root: &ArtifactStore, run_id: &str) -> Result<()> {
     for (name, sums) in &by_benchmark {
         let n = sums.n.max(1) as f64;
         let judged = sums.judged.map_or("-".to_string(), |a| format!("{:.1}", 100.0 * a / n));
-        println!(
-            "{name:<20} {:>9} {:>7.1} {:>7.1} {judged:>9}",
-            sums.n,
-            100.0 * sums.em / n,
-            100.0 * sums.f1 / n
-        );
+        println!("{name:<20} {:>9} {:>7.1} {:>7.1} {judged:>9}", sums.n, 100.0 * sums.em / n, 100.0 * sums.f1 / n);
     }
     Ok(())
 }

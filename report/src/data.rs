@@ -37,6 +37,9 @@ pub struct RunData {
     pub manifest: RunManifest,
     /// The spec's `model.model`, when it has one.
     pub model: Option<String>,
+    /// Whether the run only evaluates (as `sesa eval` makes): its stages are `evaluate` and at
+    /// most a `priming`. Its step numbers are not training steps, so it has no curves.
+    pub evaluation_only: bool,
     /// Wall time of its committed steps, in milliseconds.
     pub wall_ms: u64,
     /// `step_metrics`: metric → stage → step → value.
@@ -65,6 +68,12 @@ impl RunData {
             None => serde_yaml::Value::Null,
         };
         let model = spec.get("model").and_then(|m| m.get("model")).and_then(|m| m.as_str()).map(str::to_string);
+        let kinds: Vec<&str> = spec
+            .get("stages")
+            .and_then(|s| s.as_mapping())
+            .map(|stages| stages.values().filter_map(|s| s.get("kind").and_then(|k| k.as_str())).collect())
+            .unwrap_or_default();
+        let evaluation_only = kinds.contains(&"evaluate") && kinds.iter().all(|k| *k == "evaluate" || *k == "priming");
         let mut wall_ms = 0;
         for step in 1..=manifest.committed_steps {
             if let Some(bytes) = run.get(&layout::commit(step)).await? {
@@ -77,10 +86,17 @@ impl RunData {
         let mut metrics: BTreeMap<String, BTreeMap<String, BTreeMap<u64, f64>>> = BTreeMap::new();
         for (step, batch) in read_table(&store, run_id, "step_metrics").await? {
             let reader = Reader::new("step_metrics", &batch);
-            let read = || Ok::<_, sesa_engine::StageError>((reader.str("stage")?, reader.str("metric")?, reader.f64("value")?));
+            let read = || {
+                Ok::<_, sesa_engine::StageError>((reader.str("stage")?, reader.str("metric")?, reader.f64("value")?))
+            };
             let (stages, names, values) = read().map_err(|e| corrupt("step_metrics", e.to_string()))?;
             for ((stage, metric), value) in stages.into_iter().zip(names).zip(values) {
-                metrics.entry(metric.to_string()).or_default().entry(stage.to_string()).or_default().insert(step, value);
+                metrics
+                    .entry(metric.to_string())
+                    .or_default()
+                    .entry(stage.to_string())
+                    .or_default()
+                    .insert(step, value);
             }
         }
         let mut evals = Vec::new();
@@ -111,7 +127,7 @@ impl RunData {
                 });
             }
         }
-        Ok(RunData { location, manifest, model, wall_ms, metrics, evals })
+        Ok(RunData { location, manifest, model, evaluation_only, wall_ms, metrics, evals })
     }
 
     /// A metric per step. Where several stages report it in a step (the bank's size after
@@ -120,8 +136,7 @@ impl RunData {
     pub fn curve(&self, metric: &str) -> Vec<(u64, f64)> {
         let Some(stages) = self.metrics.get(metric) else { return Vec::new() };
         let mut by_step: BTreeMap<u64, f64> = BTreeMap::new();
-        for (stage, values) in stages.iter().filter(|(stage, _)| stage.as_str() != "consolidate") {
-            let _ = stage;
+        for values in stages.iter().filter(|(stage, _)| stage.as_str() != "consolidate").map(|(_, v)| v) {
             by_step.extend(values.iter().map(|(&s, &v)| (s, v)));
         }
         if let Some(values) = stages.get("consolidate") {

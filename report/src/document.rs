@@ -89,6 +89,25 @@ fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// The little Markdown the report's text uses (`code`, **bold**) as HTML, escaped.
+fn rich(text: &str) -> String {
+    let mut html = String::new();
+    for (i, part) in escape(text).split('`').enumerate() {
+        if i % 2 == 1 {
+            let _ = write!(html, "<code>{part}</code>");
+            continue;
+        }
+        for (j, run) in part.split("**").enumerate() {
+            if j % 2 == 1 {
+                let _ = write!(html, "<b>{run}</b>");
+            } else {
+                html.push_str(run);
+            }
+        }
+    }
+    html
+}
+
 impl Report {
     /// A report over `runs`, in the order given.
     pub fn new(mut runs: Vec<RunData>) -> Report {
@@ -183,8 +202,7 @@ impl Report {
         let average_of = |runs: &[&RunData], mode: &str| last_evaluation(runs, mode).and_then(|(s, _, _)| average(&s));
         let (ssp, sesa) = (self.variant(Variant::Ssp), self.variant(Variant::Sesa));
         // Base: the initial policy, from whichever run evaluated it (SESA's first).
-        let every: Vec<&RunData> =
-            self.variant(Variant::Ssp).into_iter().chain(self.variant(Variant::Sesa)).collect();
+        let every: Vec<&RunData> = self.variant(Variant::Ssp).into_iter().chain(self.variant(Variant::Sesa)).collect();
         let base = average_of(&sesa, "base").or_else(|| average_of(&every, "base"));
         let mut rows = vec![vec![
             format!("**{}**", self.model_label()),
@@ -217,10 +235,8 @@ impl Report {
             rows,
         });
         let variants = [Variant::Sesa, Variant::NoPriming, Variant::NoFrontier, Variant::NoDistillation];
-        let evaluations: Vec<(Variant, BTreeMap<String, Score>)> = variants
-            .iter()
-            .filter_map(|&v| Some((v, last_evaluation(&self.variant(v), "memory_on")?.0)))
-            .collect();
+        let evaluations: Vec<(Variant, BTreeMap<String, Score>)> =
+            variants.iter().filter_map(|&v| Some((v, last_evaluation(&self.variant(v), "memory_on")?.0))).collect();
         let mut benchmarks: Vec<String> = evaluations.iter().flat_map(|(_, s)| s.keys().cloned()).collect();
         benchmarks.sort();
         benchmarks.dedup();
@@ -238,10 +254,7 @@ impl Report {
         header.extend(benchmarks.iter().cloned());
         header.push("Avg".into());
         section.tables.push(Table {
-            caption: format!(
-                "Table 3 ({}): SESA and its ablations with memory on, per benchmark.",
-                self.model_label()
-            ),
+            caption: format!("Table 3 ({}): SESA and its ablations with memory on, per benchmark.", self.model_label()),
             header,
             rows,
         });
@@ -266,16 +279,18 @@ impl Report {
         section
     }
 
-    /// One line per run (its name, and its id's tail where names repeat).
+    /// One line per run that trains (its name, and its id's tail where names repeat).
     fn lines(&self, points: impl Fn(&RunData) -> Vec<(u64, f64)>) -> Vec<Line> {
         self.runs
             .iter()
+            .filter(|run| !run.evaluation_only)
             .filter_map(|run| {
                 let points = points(run);
                 if points.is_empty() {
                     return None;
                 }
-                let twins = self.runs.iter().filter(|r| r.manifest.name == run.manifest.name).count();
+                let twins =
+                    self.runs.iter().filter(|r| !r.evaluation_only && r.manifest.name == run.manifest.name).count();
                 let label = if twins > 1 {
                     let id = &run.manifest.run_id;
                     format!("{} ({})", run.manifest.name, &id[id.len().saturating_sub(4)..])
@@ -290,7 +305,7 @@ impl Report {
     fn curves_section(&self) -> Section {
         let mut section = Section::new("Figure 3 and the loop's curves");
         section.paragraphs.push(
-            "One line per run. (a) validation score: the mean over benchmarks of each evaluation step \
+            "One line per training run (evaluation-only runs, as `sesa eval` makes, fill the tables only). (a) validation score: the mean over benchmarks of each evaluation step \
              (memory on where the run evaluates it, else memory off, else the base policy); (b) the share \
              of proposals that pass the validity rules (the paper's extraction success); (c) skills in the \
              bank after each step; then the proposer's mean reward, mean p̂ and the solver's success rate."
@@ -337,8 +352,47 @@ impl Report {
         section
     }
 
+    /// Every run's last evaluation per mode, whatever its name: what runs outside the paper's
+    /// matrix (`learn`, a user's own spec) are judged by.
+    fn evaluations_section(&self) -> Section {
+        let mut section = Section::new("Every run's last evaluation");
+        let mut benchmarks: Vec<String> =
+            self.runs.iter().flat_map(|r| r.evals.iter().map(|e| e.benchmark.clone())).collect();
+        benchmarks.sort();
+        benchmarks.dedup();
+        let mut rows = Vec::new();
+        for run in &self.runs {
+            for mode in run.modes() {
+                let Some((scores, policy, bank)) = last_evaluation(&[run], mode) else { continue };
+                let step = run.evals.iter().filter(|e| e.mode == mode).map(|e| e.step).max().unwrap_or(0);
+                let mut row = vec![
+                    run.manifest.name.clone(),
+                    mode.to_string(),
+                    step.to_string(),
+                    format!("v{policy}"),
+                    format!("v{bank}"),
+                ];
+                row.extend(benchmarks.iter().map(|b| {
+                    scores.get(b).map_or("–".into(), |s| format!("{:.1} ({})", 100.0 * s.value, s.questions))
+                }));
+                row.push(percent(average(&scores)));
+                rows.push(row);
+            }
+        }
+        let mut header: Vec<String> = ["run", "mode", "step", "policy", "bank"].map(String::from).to_vec();
+        header.extend(benchmarks.iter().cloned());
+        header.push("Avg".into());
+        section.tables.push(Table {
+            caption: "Score per benchmark (questions in parentheses) at each run's last evaluation of each mode."
+                .into(),
+            header,
+            rows,
+        });
+        section
+    }
+
     fn sections(&self) -> Vec<Section> {
-        vec![self.runs_section(), self.tables_section(), self.curves_section()]
+        vec![self.runs_section(), self.tables_section(), self.evaluations_section(), self.curves_section()]
     }
 
     fn markdown(sections: &[Section]) -> String {
@@ -372,27 +426,17 @@ impl Report {
         html.push_str(
             "<title>sesa report</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;\
              padding:0 1em;color:#222}table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid \
-             #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}caption{text-align:\
-             left;font-style:italic;padding:4px 0}figure{display:inline-block;margin:0.5em}code{font-size:90%}</style>\
+             #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}.caption{\
+             font-style:italic;margin:1em 0 0.2em}figure{display:inline-block;margin:0.5em}code{font-size:90%}</style>\
              \n</head><body>\n<h1>sesa report</h1>\n",
         );
-        let inline = |cell: &str| {
-            let escaped = escape(cell);
-            match escaped.strip_prefix("**").and_then(|c| c.strip_suffix("**")) {
-                Some(bold) => format!("<b>{bold}</b>"),
-                None => match escaped.strip_prefix('`').and_then(|c| c.strip_suffix('`')) {
-                    Some(code) => format!("<code>{code}</code>"),
-                    None => escaped,
-                },
-            }
-        };
         for section in sections {
             let _ = writeln!(html, "<h2>{}</h2>", escape(&section.title));
             for paragraph in &section.paragraphs {
-                let _ = writeln!(html, "<p>{}</p>", escape(paragraph));
+                let _ = writeln!(html, "<p>{}</p>", rich(paragraph));
             }
             for table in &section.tables {
-                let _ = write!(html, "<table><caption>{}</caption>\n<tr>", escape(&table.caption));
+                let _ = write!(html, "<p class=\"caption\">{}</p>\n<table><tr>", rich(&table.caption));
                 for cell in &table.header {
                     let _ = write!(html, "<th>{}</th>", escape(cell));
                 }
@@ -400,7 +444,7 @@ impl Report {
                 for row in &table.rows {
                     html.push_str("<tr>");
                     for cell in row {
-                        let _ = write!(html, "<td>{}</td>", inline(cell));
+                        let _ = write!(html, "<td>{}</td>", rich(cell));
                     }
                     html.push_str("</tr>\n");
                 }

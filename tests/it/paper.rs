@@ -92,8 +92,12 @@ fn matrix() -> &'static Matrix {
             let mut runs = BTreeMap::new();
             for spec in SPECS {
                 let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs").join(spec);
-                let pipeline = load_pipeline(&path, &overrides(spec, &questions, &trainer, &dir.path().join("batches")), &sesa_stages::registry())
-                    .unwrap_or_else(|e| panic!("{spec}: {e}"));
+                let pipeline = load_pipeline(
+                    &path,
+                    &overrides(spec, &questions, &trainer, &dir.path().join("batches")),
+                    &sesa_stages::registry(),
+                )
+                .unwrap_or_else(|e| panic!("{spec}: {e}"));
                 let mut run = Run::create(&root, pipeline, "test").await.unwrap();
                 let mut scripted = resources(world(), Arc::new(Mutex::new(Vec::new())));
                 if spec == "ssp.yaml" {
@@ -182,7 +186,8 @@ fn sesa_report_fills_the_papers_tables_and_draws_the_curves() {
     // The run list holds ids, hashes and wall times: everything after it is fixed.
     let tables = &markdown[markdown.find("## The paper's tables").expect("the tables section")..];
     insta::assert_snapshot!("paper_report", tables);
-    for name in ["validation_accuracy", "valid_rate", "active_skills", "proposer_reward", "mean_p_hat", "solver_success"]
+    for name in
+        ["validation_accuracy", "valid_rate", "active_skills", "proposer_reward", "mean_p_hat", "solver_success"]
     {
         let png = std::fs::read(out.join(format!("{name}.png"))).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}.png");

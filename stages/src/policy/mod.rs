@@ -168,7 +168,7 @@ pub(crate) mod testing {
 
     /// The real SmolLM2-135M on sesa's own CPU forward pass, with a small KV cache.
     pub fn smollm2_candle() -> CandlePolicy {
-        let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096 };
+        let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096, policy_version: 0 };
         CandlePolicy::load(&smollm2_gguf(), &config).unwrap()
     }
 

@@ -220,7 +220,11 @@ async fn judge_misses(
         .iter()
         .map(|&i| {
             let row = &rows[i];
-            (row.question.question.clone(), row.question.golden_answers.join(" | "), row.prediction.clone().unwrap_or_default())
+            (
+                row.question.question.clone(),
+                row.question.golden_answers.join(" | "),
+                row.prediction.clone().unwrap_or_default(),
+            )
         })
         .collect();
     let verdicts = judge_answers(judge, template, &asks, |k| cx.seed(misses[k] as u64)).await?;
@@ -233,7 +237,8 @@ async fn judge_misses(
 
 impl Stage for Evaluate {
     const KIND: &'static str = "evaluate";
-    const ABOUT: &'static str = "the solver's greedy answers on question sets (exact match, F1, judge accuracy): base, memory off or on";
+    const ABOUT: &'static str =
+        "the solver's greedy answers on question sets (exact match, F1, judge accuracy): base, memory off or on";
     type Config = EvaluateConfig;
 
     fn new(config: EvaluateConfig) -> Result<Self, Vec<ConfigProblem>> {
