@@ -124,6 +124,15 @@ stages:
 
 /// The loop's resources with the scripted policy, recording every context it is given.
 pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
+    resources_with_judge(dir, contexts, None)
+}
+
+/// [`resources`] with a `judge:` model.
+fn resources_with_judge(
+    dir: &Path,
+    contexts: Arc<Mutex<Vec<String>>>,
+    judge: Option<Arc<dyn sesa_stages::policy::Policy>>,
+) -> LoopResources {
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
         contexts.lock().unwrap().push(context.to_string());
         script(context, seed)
@@ -131,7 +140,7 @@ pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopRe
     let load = |name: &str, kind| Some(PromptTemplate::load_kind(&prompts().join(name), kind).unwrap());
     let selfplay = SelfPlay {
         policy: Arc::new(policy),
-        judge: None,
+        judge,
         search: Arc::new(Arc::new(Bm25Index::open(&dir.join("index")).unwrap())),
         top_k: 2,
         agent: serde_yaml::from_str::<AgentSection>("{max_turns: 3, sampling: {temperature: 1.0}}").unwrap(),
@@ -424,6 +433,53 @@ async fn evaluation_runs_with_memory_on_and_off() {
         assert!(!prompts.is_empty(), "{question} was evaluated");
         assert!(prompts.iter().all(|c| !c.contains("Search strategies that helped")), "{question}");
     }
+}
+
+/// With a judge, evaluation reports the paper's accuracy: exact match first, then the judge's
+/// verdict on the answers that missed; exact match stays its own metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let questions = world().join("world/questions.jsonl");
+    let spec = format!(
+        "name: judged\nseed: 1\nsteps: 1\nstages:\n  eval: {{kind: evaluate, judge: true, benchmarks: {{world: {{questions: {}, sample: 6, sample_seed: 2}}}}}}\n",
+        questions.display()
+    );
+    std::fs::write(dir.path().join("spec.yaml"), spec).unwrap();
+    let pipeline = load_pipeline(&dir.path().join("spec.yaml"), &[], &sesa_stages::registry()).unwrap();
+    // A judge that accepts the answer to a question of even length, and refuses the others.
+    let judge = ScriptedPolicy::new(|context: &str, _| {
+        let question = after_last(context, "Question: ", "\n");
+        if question.len().is_multiple_of(2) { "Correct" } else { "Wrong" }.to_string()
+    });
+    let resources = resources_with_judge(world(), Arc::default(), Some(Arc::new(judge)));
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
+    let evals = read_table(&root, run.id(), "evals").await.unwrap();
+    let batch = &evals[0].1;
+    assert_eq!(batch.num_rows(), 6, "a sample of six");
+    let judged = batch.column_by_name("judged").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+    let accuracy = floats(batch, "accuracy");
+    let ems = floats(batch, "em");
+    let mut verdicts = 0;
+    for (i, question) in strings(batch, "question").iter().enumerate() {
+        // The scripted solver answers "nobody" to world questions: every answer misses exactly.
+        assert_eq!(ems[i], Some(0.0));
+        assert_eq!(judged.value(i), question.len().is_multiple_of(2), "{question}");
+        assert_eq!(accuracy[i], Some(f64::from(u8::from(judged.value(i)))));
+        verdicts += usize::from(judged.value(i));
+    }
+    assert!(verdicts > 0 && verdicts < 6, "the judge said both: {verdicts}");
+    let metrics = read_table(&root, run.id(), "step_metrics").await.unwrap();
+    let metrics = &metrics[0].1;
+    let names = strings(metrics, "metric");
+    let values = floats(metrics, "value");
+    let value = |name: &str| values[names.iter().position(|n| n == name).unwrap()].unwrap();
+    assert_eq!(value("world/accuracy"), verdicts as f64 / 6.0);
+    assert_eq!(value("average/accuracy"), value("world/accuracy"));
+    assert_eq!(value("world/em"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,6 +98,12 @@ stages:
     kind: evaluate
     after: [update]
     benchmarks: {{held_out: {{questions: {d}/world/questions.jsonl, last: 10, limit: 3}}}}
+  base:
+    kind: evaluate
+    after: [update]
+    schedule: at_end
+    mode: base
+    benchmarks: {{held_out: {{questions: {d}/world/questions.jsonl, last: 10, limit: 3}}}}
 "
     );
     write(dir, "tiny.yaml", &text)
@@ -220,6 +226,16 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
         }
     }
     assert!(interrupted >= 2, "only {interrupted} trials were killed before the run completed");
+
+    // At the end, `base` answers with the initial weights (a second copy), the loop's own
+    // evaluation with the last version.
+    let version = |writer: &str| {
+        let batch = &reference[&("evals".to_string(), 3, format!("{writer}.parquet"))];
+        let column = batch.column_by_name("policy_version").unwrap();
+        column.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap().value(0)
+    };
+    assert_eq!(version("base"), 0);
+    assert!(version("evaluate") > 0);
 
     // The last version exported serves as a model of its own, with the trained weights.
     let run = only_run(&reference_store);
