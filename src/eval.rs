@@ -110,24 +110,14 @@ async fn last_bank(run_location: &str, run_id: &str) -> Result<(u64, PathBuf)> {
     Ok((version, path))
 }
 
-/// Runs the evaluation and prints each benchmark's numbers.
-pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Progress) -> Result<u8> {
-    if request.benchmarks.is_empty() {
-        bail!("name at least one question set: --benchmark NAME=QUESTIONS[,CORPUS]");
-    }
-    let is_spec = Path::new(request.target).is_file();
-    let (mut doc, store, source) = if is_spec {
-        let pipeline = sesa_engine::load_pipeline(Path::new(request.target), &[], registry)?;
-        (pipeline.spec().resolved.clone(), request.store.unwrap_or("runs").to_string(), None)
-    } else {
-        let (root_location, run_id) = crate::cli::split_run_location(request.target)?;
-        let root = ArtifactStore::open(&root_location)?;
-        let run = Run::open(&root, &run_id, registry)
-            .await
-            .with_context(|| format!("`{}` is neither a spec file nor a run", request.target))?;
-        let store = request.store.unwrap_or(&root_location).to_string();
-        (run.pipeline().spec().resolved.clone(), store, Some((root, run)))
-    };
+/// Turns the evaluated spec into the evaluation's: one step, one `evaluate` stage (after a
+/// `priming` of the run's last bank with memory on), the run's trained policy and its version.
+/// Returns what is evaluated, in words: the policy and the skills.
+async fn derive(
+    request: &EvalRequest<'_>,
+    source: Option<&(ArtifactStore, Run)>,
+    doc: &mut Value,
+) -> Result<(String, String)> {
     let map = doc.as_mapping_mut().context("the spec is not a mapping")?;
     let mut stages = Mapping::new();
     let mut evaluate = Mapping::new();
@@ -143,7 +133,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     let mut policy = String::from("the initial policy");
     let mut bank = String::from("no skills");
     if request.mode == "memory_on" {
-        let priming = match &source {
+        let priming = match source {
             Some((_, run)) => {
                 let (version, path) = last_bank(request.target, run.id()).await?;
                 bank = format!("the bank at version {version}");
@@ -170,7 +160,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     if request.mode == "memory_on" && source.is_none() {
         bank = "its primed bank".into();
     }
-    if let (Some((root, run)), false) = (&source, request.mode == "base") {
+    if let (Some((root, run)), false) = (source, request.mode == "base") {
         match trained_policy(root, run, request.version).await? {
             Some((version, dir)) => {
                 let model = map.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
@@ -184,6 +174,28 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     stages.insert("evaluate".into(), Value::Mapping(evaluate));
     map.insert("stages".into(), Value::Mapping(stages));
     map.insert("steps".into(), 1u64.into());
+    Ok((policy, bank))
+}
+
+/// Runs the evaluation and prints each benchmark's numbers.
+pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Progress) -> Result<u8> {
+    if request.benchmarks.is_empty() {
+        bail!("name at least one question set: --benchmark NAME=QUESTIONS[,CORPUS]");
+    }
+    let is_spec = Path::new(request.target).is_file();
+    let (mut doc, store, source) = if is_spec {
+        let pipeline = sesa_engine::load_pipeline(Path::new(request.target), &[], registry)?;
+        (pipeline.spec().resolved.clone(), request.store.unwrap_or("runs").to_string(), None)
+    } else {
+        let (root_location, run_id) = crate::cli::split_run_location(request.target)?;
+        let root = ArtifactStore::open(&root_location)?;
+        let run = Run::open(&root, &run_id, registry)
+            .await
+            .with_context(|| format!("`{}` is neither a spec file nor a run", request.target))?;
+        let store = request.store.unwrap_or(&root_location).to_string();
+        (run.pipeline().spec().resolved.clone(), store, Some((root, run)))
+    };
+    let (policy, bank) = derive(&request, source.as_ref(), &mut doc).await?;
     let text = serde_yaml::to_string(&doc)?;
     let label = format!("evaluation of {}", request.target);
     let pipeline = pipeline_from_text(&text, &label, request.overrides, registry)?;
@@ -192,7 +204,6 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         .await
         .context("opening the evaluation's models and search")?
         .context("the spec has no `model:` section: nothing to evaluate")?;
-
     let run = Run::create(&root, pipeline, crate::cli::code_version()).await.context("creating the evaluation run")?;
     eprintln!("evaluating {} ({policy}, {bank}; mode {}) → {}", request.target, request.mode, run.location());
     let location = run.location();

@@ -81,6 +81,18 @@ fn last_evaluation(runs: &[&RunData], mode: &str) -> Option<(BTreeMap<String, Sc
     Some((scores(records.iter().copied()), policy, bank))
 }
 
+/// The 95% Wilson score interval of a proportion `p` over `n` questions: honest at the small
+/// samples a CPU evaluates, where the normal approximation leaves [0, 1].
+fn wilson(p: f64, n: usize) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let (z, n) = (1.96_f64, n as f64);
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z / (1.0 + z * z / n) * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
 fn percent(value: Option<f64>) -> String {
     value.map_or("–".into(), |v| format!("{:.1}", 100.0 * v))
 }
@@ -373,7 +385,10 @@ impl Report {
                     format!("v{bank}"),
                 ];
                 row.extend(benchmarks.iter().map(|b| {
-                    scores.get(b).map_or("–".into(), |s| format!("{:.1} ({})", 100.0 * s.value, s.questions))
+                    scores.get(b).map_or("–".into(), |s| {
+                        let (low, high) = wilson(s.value, s.questions);
+                        format!("{:.1} [{:.1}, {:.1}] ({})", 100.0 * s.value, 100.0 * low, 100.0 * high, s.questions)
+                    })
                 }));
                 row.push(percent(average(&scores)));
                 rows.push(row);
@@ -492,6 +507,17 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::Variant;
+
+    #[test]
+    fn wilson_intervals_hold_the_estimate_and_shrink_with_more_questions() {
+        let (low, high) = super::wilson(0.5, 60);
+        assert!((low - 0.3773).abs() < 1e-3 && (high - 0.6227).abs() < 1e-3, "{low} {high}");
+        let (low, high) = super::wilson(0.0, 10);
+        assert_eq!(low, 0.0);
+        assert!((high - 0.2775).abs() < 1e-3, "{high}");
+        let (narrow_low, narrow_high) = super::wilson(0.5, 600);
+        assert!(narrow_high - narrow_low < 0.1);
+    }
 
     #[test]
     fn spec_names_match_the_papers_rows() {
