@@ -15,7 +15,7 @@
 # llama.cpp: Debian 12 has no package, so the script builds it once from the llama-cpp-python
 # sdist on PyPI (its vendor/llama.cpp, ggml-org/llama.cpp@0c1e57098 for 0.3.36) into
 # $SESA_HOME/llama.cpp, with cmake from PyPI when the system has none (about 6 minutes on
-# 2 cores). CPU backend, -march=native, the defaults otherwise (notes/cpu-baselines.md).
+# 2 cores). CPU backend, -march=native, the defaults otherwise (the fastest llama.cpp configuration measured on this machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${1:-specs/smollm2_agent.yaml}

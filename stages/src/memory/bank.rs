@@ -24,7 +24,7 @@ pub enum UsageRule {
     Majority,
 }
 
-/// The bank's rules (DESIGN §4; the threshold depends on the embedder).
+/// The bank's rules (the paper's; the dedup threshold depends on the embedder).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BankConfig {
     /// Skills at most.

@@ -36,7 +36,7 @@ impl Default for EmbedderConfig {
     }
 }
 
-/// The skill memory: embedder, retrieval and the bank's rules (DESIGN §4).
+/// The skill memory: embedder, retrieval and the bank's rules (the paper's: top-3 skills, dedup by cosine similarity, capacity with eviction).
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemorySection {

@@ -1,7 +1,8 @@
 //! The batched in-process policy: a llama-family GGUF model run by sesa's own forward pass on
 //! the CPU (weights dequantized to F32 at load, read with candle's GGUF reader).
 //!
-//! It exists for speed where mistral.rs 0.8.1 is slow on the CPU (notes/mistralrs-0.8.md):
+//! It exists for speed where mistral.rs 0.8.1 is slow on the CPU (about 7 solver trajectories
+//! a minute where this backend runs 60, README "Benchmarks"):
 //! - Continuous batching ([`scheduler`]): every running request decodes in one forward step,
 //!   one projection per layer for all of them; requests join and leave between steps.
 //! - Each trajectory's KV cache is kept after its turn, so the next turn feeds only the new

@@ -1,7 +1,7 @@
 //! The in-process policy: mistral.rs serving a local GGUF model on the CPU (or CUDA with the
 //! `cuda` feature).
 //!
-//! mistral.rs 0.8.1 has traps this backend works around (notes/mistralrs-0.8.md):
+//! mistral.rs 0.8.1 has traps this backend works around:
 //! - It returns neither the sampled token ids nor natural-log probabilities, and has no
 //!   per-request seed. A logits processor per request therefore does the sampling itself with
 //!   its own seeded RNG, records `(id, ln p)`, and leaves the engine only that one token.
