@@ -2,7 +2,7 @@
 """Embedding throughput of Python sentence-transformers on all-MiniLM-L6-v2, beside
 `sesa bench-skills` (same model files from the sesa model cache, same texts, same batch size).
 
-Usage: python3 benches/embed_st.py ../shared/data/hotpotqa/questions.jsonl [limit]
+Usage: python3 benches/embed_st.py hotpotqa/questions.jsonl [limit]
 Needs `pip install sentence-transformers` (and torch); the model comes from
 `sesa model fetch all-minilm-l6-v2` (~/.cache/sesa/models/all-minilm-l6-v2).
 """

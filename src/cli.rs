@@ -48,6 +48,10 @@ enum Command {
     Resume {
         /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
         run: String,
+        /// Take the run's lease even from a writer that looks alive (a host that will not
+        /// come back, a heartbeat that cannot reach the store). Two writers on one run race.
+        #[arg(long)]
+        force: bool,
     },
     /// Evaluate a run's policy (or a spec's initial one) greedily on question sets: one
     /// `evaluate` step in a new run of the same name, then exact match, F1 and judge accuracy
@@ -179,7 +183,7 @@ enum Command {
     },
     /// Measure the skill embedder (texts/s, one query's latency) and bank retrieval latency.
     BenchSkills {
-        /// Questions (FlashRAG JSONL) to embed, e.g. ../shared/data/hotpotqa/questions.jsonl.
+        /// Questions (FlashRAG JSONL) to embed, e.g. a HotpotQA `questions.jsonl`.
         #[arg(long)]
         questions: PathBuf,
         /// Questions to use at most.
@@ -494,10 +498,15 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             };
             execute(run, progress).await
         }
-        Command::Resume { run } => {
+        Command::Resume { run, force } => {
             let (root, run_id) = split_run_location(&run)?;
             let root = ArtifactStore::open(&root)?;
-            let run = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
+            let opened = if force {
+                Run::open_taking_over(&root, &run_id, registry).await
+            } else {
+                Run::open(&root, &run_id, registry).await
+            };
+            let run = opened.with_context(|| format!("opening run `{run}`"))?;
             let run = match LoopResources::open(run.pipeline().spec()).await? {
                 Some(resources) => {
                     resources.restore(&root, &run_id).await.context("restoring the skill memory")?;
@@ -814,10 +823,7 @@ async fn print_runs(root: &ArtifactStore) -> Result<u8> {
     println!("{:<44} {:<12} {:>11} {:<24} NAME", "RUN", "STATUS", "STEPS", "CREATED");
     for run in runs {
         let manifest = &run.manifest;
-        let status = match manifest.status {
-            RunStatus::Running if manifest.pid.is_some_and(|pid| !process_alive(pid)) => "stopped".to_string(),
-            status => status.to_string(),
-        };
+        let status = run.status();
         println!(
             "{:<44} {:<12} {:>11} {:<24} {}",
             manifest.run_id,
@@ -828,11 +834,6 @@ async fn print_runs(root: &ArtifactStore) -> Result<u8> {
         );
     }
     Ok(0)
-}
-
-/// Whether a process of this machine is alive; a run whose process is gone was killed.
-fn process_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Splits `runs/<id>` or `s3://bucket/prefix/<id>` into the store root and the run id.

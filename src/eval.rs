@@ -189,7 +189,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     } else {
         let (root_location, run_id) = crate::cli::split_run_location(request.target)?;
         let root = ArtifactStore::open(&root_location)?;
-        let run = Run::open(&root, &run_id, registry)
+        let run = Run::inspect(&root, &run_id, registry)
             .await
             .with_context(|| format!("`{}` is neither a spec file nor a run", request.target))?;
         let store = request.store.unwrap_or(&root_location).to_string();

@@ -13,7 +13,7 @@ use sesa_stages::selfplay::training::weights_at;
 pub async fn export(run: &str, version: Option<u64>, out: &Path, registry: &Registry) -> Result<u8> {
     let (root, run_id) = crate::cli::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
-    let opened = Run::open(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
+    let opened = Run::inspect(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
     let version = export_policy(&root, &opened, version, out).await?;
     println!(
         "{}: policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)",

@@ -7,16 +7,21 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use sesa_engine::ArtifactStore;
 use sesa_engine::manifest::{RunManifest, RunStatus, layout};
+use sesa_engine::run::lease::{Liveness, read_lease};
 
-/// Each run's (committed steps, status): what a new report waits for.
-async fn progress(runs: &[(String, String)]) -> Result<Vec<(u64, RunStatus)>> {
+/// Each run's (committed steps, whether a live writer is running it): what a new report
+/// waits for. A run marked running whose writer died counts as stopped.
+async fn progress(runs: &[(String, String)]) -> Result<Vec<(u64, bool)>> {
     let mut states = Vec::with_capacity(runs.len());
     for (root, id) in runs {
         let location = format!("{}/{id}", root.trim_end_matches('/'));
         let store = ArtifactStore::open(&location)?;
         let bytes = store.get(layout::MANIFEST).await?.with_context(|| format!("{location} is not a run"))?;
         let manifest: RunManifest = serde_json::from_slice(&bytes).with_context(|| format!("reading {location}"))?;
-        states.push((manifest.committed_steps, manifest.status));
+        let holder = read_lease(&store).await?;
+        let writing =
+            manifest.status == RunStatus::Running && holder.is_some_and(|holder| holder.liveness() == Liveness::Alive);
+        states.push((manifest.committed_steps, writing));
     }
     Ok(states)
 }
@@ -37,7 +42,7 @@ pub async fn report(runs: &[String], out: &Path, watch: bool, interval_s: u64) -
             written.len(),
             clock.elapsed().as_secs_f64()
         );
-        if !watch || seen.iter().all(|(_, status)| *status != RunStatus::Running) {
+        if !watch || seen.iter().all(|(_, writing)| !writing) {
             return Ok(0);
         }
         loop {

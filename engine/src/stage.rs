@@ -8,6 +8,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -104,6 +105,17 @@ impl ConfigProblem {
     /// A problem with `key`.
     pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigProblem { key: key.into(), message: message.into() }
+    }
+
+    /// A problem with `key` when the size `value` is outside `range`. Every size has an upper
+    /// bound: an absurd value (`n_rollouts: 4000000000`) is refused when the spec is validated,
+    /// instead of passing and then aborting the run on a failed allocation.
+    pub fn size(key: impl Into<String>, value: impl TryInto<u64>, range: RangeInclusive<u64>) -> Option<Self> {
+        let value = value.try_into().unwrap_or(u64::MAX);
+        (!range.contains(&value)).then(|| {
+            let (low, high) = (range.start(), range.end());
+            ConfigProblem::new(key, format!("must be between {low} and {high}, got {value}"))
+        })
     }
 }
 

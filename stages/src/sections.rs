@@ -19,6 +19,11 @@ use crate::policy::{
     Sampling,
 };
 
+/// The most tokens any token budget may name (a turn, a response, a context, a micro-batch):
+/// about a million, beyond the context of any model a run serves, so that a typo is refused at
+/// validation rather than sized into an allocation.
+pub const MAX_TOKENS: u64 = 1 << 20;
+
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
@@ -49,15 +54,16 @@ impl Section for ModelSection {
                 problems.extend(check_local_model(&config.model));
                 problems
             }
-            ModelSection::Candle(config) => check_local_model(&config.model).into_iter().collect(),
+            ModelSection::Candle(config) => check_local_model(&config.model)
+                .into_iter()
+                .chain(ConfigProblem::size("cache_tokens", config.cache_tokens, 0..=16 * MAX_TOKENS))
+                .collect(),
             ModelSection::Openai(config) => {
                 let mut problems = Vec::new();
                 if !config.base_url.starts_with("http://") && !config.base_url.starts_with("https://") {
                     problems.push(ConfigProblem::new("base_url", "must be an http:// or https:// URL"));
                 }
-                if config.max_concurrency == 0 {
-                    problems.push(ConfigProblem::new("max_concurrency", "must be at least 1"));
-                }
+                problems.extend(ConfigProblem::size("max_concurrency", config.max_concurrency, 1..=4_096));
                 problems
             }
         }
@@ -154,24 +160,41 @@ impl Section for WorldSection {
     const KEY: &'static str = "world";
 
     fn check(&self) -> Vec<ConfigProblem> {
-        if self.entities < 10 {
-            return vec![ConfigProblem::new("entities", "must be at least 10")];
-        }
-        Vec::new()
+        [
+            ConfigProblem::size("entities", self.entities, 10..=10_000_000),
+            ConfigProblem::size("questions", self.questions, 1..=10_000_000),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
 impl WorldSection {
-    /// Generates the world into `dir` unless a complete one is there.
+    /// Generates the world into `dir` unless the one there was generated with the same
+    /// parameters and generator version (its `world.json`); a stale or unstamped world is
+    /// regenerated, with a warning that says what differed. An index built from its corpus
+    /// is rebuilt when next opened (see `Bm25Index::open_or_build`).
     pub fn ensure(&self) -> Result<(), SetupError> {
-        use crate::data::world::{World, WorldConfig};
-        let complete = ["corpus.jsonl", "questions.jsonl", "targets.jsonl"].iter().all(|f| self.dir.join(f).exists());
-        if complete {
-            return Ok(());
+        use crate::data::world::{GENERATOR_VERSION, World, WorldConfig, WorldStamp};
+        let config = WorldConfig { seed: self.seed, entities: self.entities, questions: self.questions };
+        let wanted = WorldStamp { generator: GENERATOR_VERSION, config };
+        let dir = self.dir.display();
+        match WorldStamp::read(&self.dir) {
+            Some(stamp) if stamp == wanted => return Ok(()),
+            Some(stamp) => {
+                tracing::warn!(
+                    "the world in {dir} was generated with {}: regenerating it",
+                    stamp.differences(&wanted).join(", ")
+                )
+            }
+            None if self.dir.join("corpus.jsonl").exists() => {
+                tracing::warn!("the world in {dir} does not record how it was generated (world.json): regenerating it")
+            }
+            None => {}
         }
-        tracing::info!(dir = %self.dir.display(), seed = self.seed, entities = self.entities, "generating the world");
-        let world =
-            World::generate(WorldConfig { seed: self.seed, entities: self.entities, questions: self.questions });
+        tracing::info!(dir = %dir, seed = self.seed, entities = self.entities, "generating the world");
+        let world = World::generate(config);
         world.write(&self.dir).map_err(|e| SetupError::World(format!("{}: {e}", self.dir.display())))?;
         Ok(())
     }
@@ -254,15 +277,13 @@ impl Section for AgentSection {
 
     fn check(&self) -> Vec<ConfigProblem> {
         let mut problems = Vec::new();
-        for (key, value) in [
-            ("max_turns", self.max_turns),
-            ("max_turn_tokens", self.max_turn_tokens),
-            ("max_total_tokens", self.max_total_tokens),
-            ("context_limit", self.context_limit),
+        for (key, value, max) in [
+            ("max_turns", self.max_turns, 1_000),
+            ("max_turn_tokens", self.max_turn_tokens, MAX_TOKENS),
+            ("max_total_tokens", self.max_total_tokens, MAX_TOKENS),
+            ("context_limit", self.context_limit, MAX_TOKENS),
         ] {
-            if value == 0 {
-                problems.push(ConfigProblem::new(key, "must be at least 1"));
-            }
+            problems.extend(ConfigProblem::size(key, value, 1..=max));
         }
         if self.max_turn_tokens > self.max_total_tokens {
             problems.push(ConfigProblem::new("max_turn_tokens", "cannot exceed max_total_tokens"));
@@ -365,14 +386,19 @@ pub struct AgentSetup {
 }
 
 impl AgentSetup {
-    /// Opens the policy (fetching a named model if needed) and the search backend.
+    /// Opens what an agent needs, the same way for `sesa run`, `ask` and the benchmarks:
+    /// generates the spec's world and builds its BM25 index if they are missing, opens the
+    /// search backend and the policy (fetching a named model if needed).
     pub async fn from_spec(spec: &sesa_engine::spec::Spec) -> Result<AgentSetup, SetupError> {
         let model = spec.section::<ModelSection>().ok_or(SetupError::MissingSection("model"))?;
         let search = spec.section::<crate::search::SearchConfig>().ok_or(SetupError::MissingSection("search"))?;
         let agent = spec.section::<AgentSection>().ok_or(SetupError::MissingSection("agent"))?;
         let prompts = spec.section::<PromptsSection>().ok_or(SetupError::MissingSection("prompts"))?;
+        if let Some(world) = spec.section::<WorldSection>() {
+            world.ensure()?;
+        }
         Ok(AgentSetup {
-            search: search.open()?,
+            search: search.open_or_build()?,
             policy: model.open().await?,
             top_k: search.top_k,
             agent: (*agent).clone(),

@@ -83,6 +83,42 @@ fn the_same_seed_gives_the_same_tables_and_another_seed_does_not() {
     assert_ne!(first[&("numbers".to_string(), 1)], other[&("numbers".to_string(), 1)]);
 }
 
+#[test]
+fn reordering_a_specs_keys_keeps_its_hash_and_its_stage_fingerprints() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = "name: keys\nseed: 7\nsteps: 1\nlimits: {max_value: 1000}\nstages:\n  \
+                   offsets: {kind: offsets, schedule: once}\n  \
+                   numbers: {kind: numbers, rows: 40, delay_ms: 0}\n  \
+                   square: {kind: square, after: [numbers, offsets]}\n";
+    let reordered = "stages:\n  square: {after: [numbers, offsets], kind: square}\n  \
+                     numbers: {delay_ms: 0, rows: 40, kind: numbers}\n  \
+                     offsets: {schedule: once, kind: offsets}\n\
+                     limits: {max_value: 1000}\nsteps: 1\nseed: 7\nname: keys\n";
+    let runs: Vec<PathBuf> = [("written", written), ("reordered", reordered)]
+        .into_iter()
+        .map(|(name, text)| {
+            let spec = write(dir.path(), &format!("{name}.yaml"), text);
+            let store = dir.path().join(name);
+            let output = run_sesa(&["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap()], dir.path());
+            assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+            only_run(&store)
+        })
+        .collect();
+    assert_eq!(manifest(&runs[0]).spec_hash, manifest(&runs[1]).spec_hash);
+    let fingerprints = |run: &Path| {
+        let commit: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("commits/step-00000001.json")).unwrap()).unwrap();
+        let stages = commit["stages"].as_object().unwrap();
+        let mut fingerprints: Vec<(String, String)> =
+            stages.iter().map(|(name, record)| (name.clone(), record["fingerprint"].to_string())).collect();
+        fingerprints.sort();
+        fingerprints
+    };
+    let written = fingerprints(&runs[0]);
+    assert_eq!(written.len(), 3);
+    assert_eq!(written, fingerprints(&runs[1]));
+}
+
 /// Kills `sesa run` (and then `sesa resume`) with SIGKILL at random moments, resumes until the
 /// run completes, and checks the tables equal those of an uninterrupted run: no lost and no
 /// duplicated rows.
@@ -128,6 +164,48 @@ fn sigkill_at_random_moments_then_resume_gives_identical_tables() {
         assert_eq!(manifest(&run).status, RunStatus::Completed);
         assert_no_staging(&run);
     }
+}
+
+/// A run has one writer: a second `resume` while the first writes is refused and names it;
+/// `sesa runs` reads liveness from the lease; once the writer is killed, `resume` takes over.
+#[test]
+fn a_second_writer_is_refused_until_the_first_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = read_tables(&run_to_completion(&dir.path().join("reference"), &[]));
+    let store = dir.path().join("runs");
+    let spec = fixture("pipeline.yaml");
+    let mut first = spawn_sesa(
+        &["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap(), "--set", "stages.numbers.delay_ms=1000"],
+        dir.path(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_dir(&store).is_ok_and(|mut d| d.next().is_some())
+        || !only_run(&store).join("lease.json").exists()
+    {
+        assert!(std::time::Instant::now() < deadline, "the run never took its lease");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run = only_run(&store);
+    let lease: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("lease.json")).unwrap()).unwrap();
+    assert_eq!(lease["pid"], first.id());
+    let second = run_sesa(&["resume", run.to_str().unwrap()], dir.path());
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains(&format!("is being written by pid {}", first.id())) && stderr.contains("--force"),
+        "{stderr}"
+    );
+    let listing = run_sesa(&["runs", "--store", store.to_str().unwrap()], dir.path());
+    assert!(String::from_utf8_lossy(&listing.stdout).contains(" running "), "{listing:?}");
+
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let listing = run_sesa(&["runs", "--store", store.to_str().unwrap()], dir.path());
+    assert!(String::from_utf8_lossy(&listing.stdout).contains(" stopped "), "the writer is gone: {listing:?}");
+    let output = run_sesa(&["resume", run.to_str().unwrap()], dir.path());
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(read_tables(&run), reference);
+    assert!(!run.join("lease.json").exists(), "released when the run completed");
 }
 
 #[test]

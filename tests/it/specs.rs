@@ -50,7 +50,7 @@ stages:
       - [DIR]/spec.yaml:4: colour: unknown key; a spec has: name, description, seed, steps, stages, limits
       - [DIR]/spec.yaml:1: name: expected a non-empty string
       - [DIR]/spec.yaml:2: seed: expected a non-negative integer
-      - [DIR]/spec.yaml:3: steps: expected an integer >= 1
+      - [DIR]/spec.yaml:3: steps: expected an integer between 1 and 10000000
       - [DIR]/spec.yaml:8: stages.numbers.rows: must be at least 1, got 0
       - [DIR]/spec.yaml:13: stages.mystery.kind: unknown stage kind `teleport`; known kinds: fail, numbers, offsets, square, total
       - [DIR]/spec.yaml:11: stages.square.after: no stage named `numbrs` in this spec; stages: numbers, square, mystery
@@ -194,7 +194,7 @@ fn overrides_are_validated_like_the_file() {
     assert_eq!(problems_with(VALID, &["steps=5", "stages.numbers.rows=10"]), "valid");
     insta::assert_snapshot!(problems_with(VALID, &["steps=many", "stages.numbers.rows=-3"]), @"
     the spec has 2 problems:
-      - --set steps=many: steps: expected an integer >= 1
+      - --set steps=many: steps: expected an integer between 1 and 10000000
       - --set stages.numbers.rows=-3: stages.numbers.rows: invalid value: integer `-3`, expected u64
     ");
 }
@@ -217,11 +217,38 @@ fn sesa_validate_exits_2_and_prints_every_problem() {
     assert_eq!(output.status.code(), Some(2));
     insta::assert_snapshot!(String::from_utf8_lossy(&output.stderr), @"
     error: the spec has 2 problems:
-      - bad.yaml:3: steps: expected an integer >= 1
+      - bad.yaml:3: steps: expected an integer between 1 and 10000000
       - bad.yaml:5: stages.x.kind: unknown stage kind `nope`; known kinds: fail, numbers, offsets, square, total
     ");
     write(dir.path(), "good.yaml", VALID);
     let output = run_sesa(&["validate", "good.yaml"], dir.path());
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     insta::assert_snapshot!(stdout(&output), @"good.yaml: ok: `t`, 2 steps, 1 stages");
+}
+
+#[test]
+fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/quickstart.yaml");
+    let overrides: Vec<String> = [
+        "stages.solve.n_rollouts=4000000000",
+        "stages.propose.batch=0",
+        "agent.context_limit=99999999999",
+        "world.entities=5",
+        "memory.capacity=18446744073709551615",
+    ]
+    .map(String::from)
+    .to_vec();
+    let Err(errors) = load_pipeline(&spec, &overrides, &sesa_stages::registry()) else {
+        panic!("absurd sizes validated")
+    };
+    let errors = errors.to_string();
+    for expected in [
+        "stages.solve.n_rollouts: must be between 1 and 4096, got 4000000000",
+        "stages.propose.batch: must be between 1 and 100000, got 0",
+        "agent.context_limit: must be between 1 and 1048576, got 99999999999",
+        "world.entities: must be between 10 and 10000000, got 5",
+        "memory.capacity: must be between 1 and 1000000, got 18446744073709551615",
+    ] {
+        assert!(errors.contains(expected), "expected `{expected}` in:\n{errors}");
+    }
 }

@@ -271,7 +271,11 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let evals = dir.path().join("evals");
     let questions = format!("held_out={}/world/questions.jsonl", dir.path().display());
     let mut versions = Vec::new();
+    let listed = || -> std::collections::BTreeSet<PathBuf> {
+        std::fs::read_dir(&evals).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+    };
     for mode in ["memory-off", "base"] {
+        let before = listed();
         let output = sesa_with(
             ChildRegistry::Stages,
             &[
@@ -294,7 +298,8 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
         assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
         let printed = String::from_utf8_lossy(&output.stdout);
         assert!(printed.lines().any(|l| l.starts_with("held_out") && l.contains(" 3 ")), "{printed}");
-        let newest = std::fs::read_dir(&evals).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+        // The run this evaluation made (run ids of the same second sort by a random suffix).
+        let newest = listed().difference(&before).next().cloned().expect("a new run");
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(newest.join("manifest.json")).unwrap()).unwrap();
         assert_eq!(manifest["name"], "tiny training", "an evaluation keeps the run's name");
@@ -307,4 +312,24 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(versions[0] > 0, "memory off answers with the trained policy: {versions:?}");
     assert_eq!(versions[1], 0, "base answers with the initial weights");
     assert!(dir.path().join("home/exports").exists(), "the policy was exported into SESA_HOME");
+}
+
+/// `sesa ask` sets up as `sesa run` does: on a fresh directory it generates the spec's world
+/// and builds its index rather than failing on the missing index.
+#[test]
+fn ask_generates_the_world_and_index_a_fresh_clone_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(&dir.path().join("tiny"));
+    let spec = spec(dir.path());
+    assert!(!dir.path().join("world").exists() && !dir.path().join("index").exists());
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["ask", "Where was the founder of Minyny Institute born?", "--spec", spec.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(dir.path().join("world/corpus.jsonl").exists() && dir.path().join("index").exists());
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("Where was the founder of Minyny Institute born?"), "{printed}");
+    assert!(printed.contains("turns,") && printed.contains("searches,"), "{printed}");
 }

@@ -83,6 +83,38 @@ pub enum RunError {
         /// What is wrong.
         reason: String,
     },
+    /// Another live process writes this run (it holds the run's lease).
+    #[error(
+        "run `{location}` is being written by {holder}; wait for it to stop, or pass `--force` if you know it is gone"
+    )]
+    Held {
+        /// The run.
+        location: String,
+        /// Who holds the lease.
+        holder: String,
+    },
+    /// Another writer took this run's lease while this process was writing it.
+    #[error("run `{location}`: its lease was taken by {holder}; this process stops writing it")]
+    LeaseLost {
+        /// The run.
+        location: String,
+        /// Who holds the lease now.
+        holder: String,
+    },
+    /// Another writer committed the step this process was about to commit.
+    #[error("run `{location}`: step {step} was committed by another writer; this process stops writing it")]
+    StepTaken {
+        /// The run.
+        location: String,
+        /// The step.
+        step: u64,
+    },
+    /// The run was opened for reading (`Run::inspect`), not to be executed.
+    #[error("run `{location}` was opened for reading only; resume it to run its steps")]
+    ReadOnly {
+        /// The run.
+        location: String,
+    },
     /// A bug in sesa.
     #[error("internal error: {0} (a bug in sesa)")]
     Internal(String),

@@ -5,8 +5,11 @@
 //! only then moves the files to their published place. A crash before the record leaves
 //! nothing visible (the staging area is swept on resume); a crash after it is rolled forward
 //! on resume. Either way a resumed run has each committed step's rows exactly once.
+//!
+//! A run has one writer at a time: see [`lease`].
 
 mod error;
+pub mod lease;
 mod step;
 
 use std::collections::HashMap;
@@ -19,6 +22,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use self::error::RunError;
+use self::lease::Lease;
 use crate::manifest::{CommittedFile, RunManifest, RunStatus, StepCommit, layout, now};
 use crate::plan::Pipeline;
 use crate::progress::Progress;
@@ -62,6 +66,11 @@ pub struct Run {
     resources: Arc<Resources>,
     manifest: RunManifest,
     latest: HashMap<String, TableVersion>,
+    /// The run's lease while this process writes it (taken again if the run executes after
+    /// it stopped); always `None` for a run opened for reading.
+    lease: Option<Lease>,
+    /// Opened with [`Run::inspect`]: it never executes.
+    read_only: bool,
 }
 
 impl std::fmt::Debug for Run {
@@ -73,7 +82,46 @@ impl std::fmt::Debug for Run {
 /// SHA-256 of the resolved spec as canonical (key-sorted) JSON.
 pub fn spec_hash(spec: &Spec) -> String {
     let json = serde_json::to_value(&spec.resolved).unwrap_or(serde_json::Value::Null);
-    hex(&Sha256::digest(json.to_string().as_bytes()))
+    hex(&Sha256::digest(canonical_json(&json).as_bytes()))
+}
+
+/// `value` as compact JSON with every object's keys sorted. `Value::to_string` is not enough:
+/// when any crate in the build turns on serde_json's `preserve_order`, maps keep the order the
+/// YAML was written in, and a hash would change when a user reorders keys.
+pub(crate) fn canonical_json(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -89,6 +137,7 @@ impl Run {
         let suffix = format!("{:04x}", rand::random::<u16>());
         let run_id = format!("{}-{}T{}-{suffix}", slug(&spec.name), &stamp[..8], &stamp[8..]);
         let store = root.scoped(&run_id);
+        let lease = Lease::acquire(&store, false).await?;
         let manifest = RunManifest {
             run_id,
             name: spec.name.clone(),
@@ -108,35 +157,46 @@ impl Run {
         let header = "# The resolved spec of this run: `extends` merged and overrides applied.\n";
         store.put(layout::SPEC, Bytes::from(format!("{header}{yaml}"))).await?;
         let resources = Arc::new(spec.sections.clone());
-        let run = Run { store, pipeline: Arc::new(pipeline), resources, manifest, latest: HashMap::new() };
+        let run = Run {
+            store,
+            pipeline: Arc::new(pipeline),
+            resources,
+            manifest,
+            latest: HashMap::new(),
+            lease: Some(lease),
+            read_only: false,
+        };
         run.write_manifest().await?;
         Ok(run)
     }
 
-    /// Opens run `run_id` under `root` to resume it: re-validates its saved spec with
-    /// `registry`, rolls a committed-but-unpublished step forward and sweeps uncommitted files.
+    /// Opens run `run_id` under `root` to resume it: takes its lease (refused while another
+    /// live process writes it), re-validates its saved spec with `registry`, rolls a
+    /// committed-but-unpublished step forward and sweeps uncommitted files.
     pub async fn open(root: &ArtifactStore, run_id: &str, registry: &Registry) -> Result<Run, RunError> {
-        let store = root.scoped(run_id);
-        let manifest_bytes =
-            store.get(layout::MANIFEST).await?.ok_or_else(|| RunError::NotARun { location: store.describe("") })?;
-        let mut manifest: RunManifest = serde_json::from_slice(&manifest_bytes)
-            .map_err(|e| RunError::Corrupt { location: store.describe(layout::MANIFEST), reason: e.to_string() })?;
-        let spec_bytes = store
-            .get(layout::SPEC)
-            .await?
-            .ok_or_else(|| RunError::Corrupt { location: store.describe(layout::SPEC), reason: "missing".into() })?;
-        let spec_text = String::from_utf8_lossy(&spec_bytes).into_owned();
-        let source = SourceDoc::from_text(&spec_text, &store.describe(layout::SPEC)).map_err(SpecErrors::from)?;
-        let spec = Spec::from_source(&source, registry)?;
-        let hash = spec_hash(&spec);
-        if hash != manifest.spec_hash {
-            return Err(RunError::Corrupt {
-                location: store.describe(layout::SPEC),
-                reason: format!("its hash {hash} differs from the manifest's {}", manifest.spec_hash),
-            });
-        }
-        let pipeline = Pipeline::new(spec, &source)?;
+        Self::open_for_writing(root, run_id, registry, false).await
+    }
 
+    /// [`Run::open`], taking the lease over even from a writer that looks alive: for the user
+    /// who knows it is gone (`sesa resume --force`).
+    pub async fn open_taking_over(root: &ArtifactStore, run_id: &str, registry: &Registry) -> Result<Run, RunError> {
+        Self::open_for_writing(root, run_id, registry, true).await
+    }
+
+    async fn open_for_writing(
+        root: &ArtifactStore,
+        run_id: &str,
+        registry: &Registry,
+        force: bool,
+    ) -> Result<Run, RunError> {
+        let store = root.scoped(run_id);
+        if !store.exists(layout::MANIFEST).await? {
+            return Err(RunError::NotARun { location: store.describe("") });
+        }
+        let lease = Lease::acquire(&store, force).await?;
+        let mut run = Self::load(store, registry).await?;
+        run.lease = Some(lease);
+        let store = &run.store;
         let mut committed = Vec::new();
         for key in store.list(layout::COMMITS).await? {
             if let Some(step) = layout::commit_step(&key) {
@@ -153,20 +213,64 @@ impl Run {
         let mut latest = HashMap::new();
         let mut last_commit = None;
         for &step in &committed {
-            let commit = read_commit(&store, step).await?;
+            let commit = read_commit(store, step).await?;
             for file in &commit.files {
                 latest.insert(file.table.clone(), TableVersion { step, fingerprint: file.fingerprint.clone() });
             }
             last_commit = Some(commit);
         }
         if let Some(commit) = &last_commit {
-            publish(&store, commit).await?;
+            publish(store, commit).await?;
         }
         store.delete_all(layout::STAGING).await?;
-        manifest.committed_steps = committed.len() as u64;
-        manifest.pid = Some(std::process::id());
+        run.latest = latest;
+        run.manifest.committed_steps = committed.len() as u64;
+        run.manifest.pid = Some(std::process::id());
+        Ok(run)
+    }
+
+    /// Opens run `run_id` under `root` to read its spec and manifest, without its lease and
+    /// without touching its files: safe while another process writes it. It cannot execute.
+    pub async fn inspect(root: &ArtifactStore, run_id: &str, registry: &Registry) -> Result<Run, RunError> {
+        let mut run = Self::load(root.scoped(run_id), registry).await?;
+        run.read_only = true;
+        Ok(run)
+    }
+
+    /// Reads the manifest and the saved spec, and re-validates the spec with `registry`.
+    async fn load(store: ArtifactStore, registry: &Registry) -> Result<Run, RunError> {
+        let manifest_bytes =
+            store.get(layout::MANIFEST).await?.ok_or_else(|| RunError::NotARun { location: store.describe("") })?;
+        let manifest: RunManifest = serde_json::from_slice(&manifest_bytes)
+            .map_err(|e| RunError::Corrupt { location: store.describe(layout::MANIFEST), reason: e.to_string() })?;
+        let spec_bytes = store
+            .get(layout::SPEC)
+            .await?
+            .ok_or_else(|| RunError::Corrupt { location: store.describe(layout::SPEC), reason: "missing".into() })?;
+        let spec_text = String::from_utf8_lossy(&spec_bytes).into_owned();
+        let source = SourceDoc::from_text(&spec_text, &store.describe(layout::SPEC)).map_err(SpecErrors::from)?;
+        let spec = Spec::from_source(&source, registry)?;
+        let hash = spec_hash(&spec);
+        // Runs made before hashes were canonical hashed the keys in the order written.
+        let written_order =
+            || hex(&Sha256::digest(serde_json::to_value(&spec.resolved).unwrap_or_default().to_string()));
+        if hash != manifest.spec_hash && written_order() != manifest.spec_hash {
+            return Err(RunError::Corrupt {
+                location: store.describe(layout::SPEC),
+                reason: format!("its hash {hash} differs from the manifest's {}", manifest.spec_hash),
+            });
+        }
+        let pipeline = Pipeline::new(spec, &source)?;
         let resources = Arc::new(pipeline.spec().sections.clone());
-        Ok(Run { store, pipeline: Arc::new(pipeline), resources, manifest, latest })
+        Ok(Run {
+            store,
+            pipeline: Arc::new(pipeline),
+            resources,
+            manifest,
+            latest: HashMap::new(),
+            lease: None,
+            read_only: false,
+        })
     }
 
     /// The run's id.
@@ -203,6 +307,14 @@ impl Run {
         progress: &Progress,
         mut stop: watch::Receiver<StopRequest>,
     ) -> Result<RunOutcome, RunError> {
+        if self.read_only {
+            return Err(RunError::ReadOnly { location: self.store.describe("") });
+        }
+        let lease = match &mut self.lease {
+            Some(lease) => lease,
+            None => self.lease.insert(Lease::acquire(&self.store, false).await?),
+        };
+        lease.keep_alive();
         let steps = self.manifest.steps;
         let span = tracing::info_span!("run", id = %self.manifest.run_id);
         progress.start_steps(steps, self.manifest.committed_steps);
@@ -215,6 +327,7 @@ impl Run {
                 outcome = RunOutcome::Interrupted;
                 break;
             }
+            self.check_lease()?;
             let step = self.manifest.committed_steps + 1;
             let step_future = step::run_step(self.step_inputs(step, progress))
                 .instrument(tracing::info_span!(parent: &span, "step", step));
@@ -230,7 +343,16 @@ impl Run {
                 () = stop_now => None,
             };
             match result {
-                Some(Ok(commit)) => self.committed(commit, progress).await?,
+                Some(Ok(commit)) => {
+                    self.check_lease()?;
+                    self.committed(commit, progress).await?
+                }
+                Some(Err(error @ (RunError::StepTaken { .. } | RunError::LeaseLost { .. }))) => {
+                    // Another writer owns the run now: leave its staging and manifest alone.
+                    progress.finish();
+                    self.lease = None;
+                    return Err(error);
+                }
                 Some(Err(error)) => {
                     step::discard_staging(&self.store, step).await;
                     self.stop_with(RunStatus::Failed, Some(error.to_string())).await?;
@@ -279,13 +401,27 @@ impl Run {
         Ok(())
     }
 
+    /// Fails, giving up the lease, when another writer took it.
+    fn check_lease(&mut self) -> Result<(), RunError> {
+        let checked = self.lease.as_ref().map_or(Ok(()), Lease::check);
+        if checked.is_err() {
+            self.lease = None;
+        }
+        checked
+    }
+
+    /// Records how the run stopped, then releases its lease.
     async fn stop_with(&mut self, status: RunStatus, error: Option<String>) -> Result<(), RunError> {
         self.manifest.status = status;
         self.manifest.error = error;
         let time = now();
         self.manifest.updated_at = time.clone();
         self.manifest.finished_at = Some(time);
-        self.write_manifest().await
+        self.write_manifest().await?;
+        match self.lease.take() {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
     }
 
     async fn write_manifest(&self) -> Result<(), RunError> {
@@ -418,6 +554,20 @@ pub struct RunSummary {
     pub manifest: RunManifest,
     /// Where the run lives.
     pub location: String,
+    /// Who writes it now, if anyone holds its lease (it may be a writer that died).
+    pub lease: Option<lease::LeaseHolder>,
+}
+
+impl RunSummary {
+    /// The status to show: a run marked running whose writer is gone (no lease, or its holder
+    /// is dead) is `stopped`, wherever it was started.
+    pub fn status(&self) -> String {
+        let writing = self.lease.as_ref().is_some_and(|holder| holder.liveness() == lease::Liveness::Alive);
+        match self.manifest.status {
+            RunStatus::Running if !writing => "stopped".to_string(),
+            status => status.to_string(),
+        }
+    }
 }
 
 /// The runs under `root`, oldest first. Directories without a readable manifest are skipped.
@@ -434,7 +584,8 @@ pub async fn list_runs(root: &ArtifactStore) -> Result<Vec<RunSummary>, RunError
         // The manifest is updated after each commit; the commit records are the truth.
         let committed = store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).count();
         manifest.committed_steps = committed as u64;
-        runs.push(RunSummary { manifest, location: store.describe("") });
+        let lease = lease::read_lease(&store).await.unwrap_or(None);
+        runs.push(RunSummary { manifest, location: store.describe(""), lease });
     }
     runs.sort_by(|a, b| a.manifest.created_at.cmp(&b.manifest.created_at));
     Ok(runs)

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::{RunError, hex};
+use super::{RunError, canonical_json, hex};
 use crate::manifest::{CommittedFile, InputRecord, StageRecord, StepCommit, layout, now};
 use crate::plan::Pipeline;
 use crate::progress::Progress;
@@ -84,7 +84,10 @@ pub(super) async fn run_step(job: StepJob) -> Result<StepCommit, RunError> {
         files,
     };
     let json = serde_json::to_vec_pretty(&commit).map_err(|e| RunError::Internal(e.to_string()))?;
-    job.store.put(&layout::commit(job.step), json.into()).await?;
+    // Created only if absent: of two writers on one run, only one can commit a step.
+    if !job.store.create(&layout::commit(job.step), json.into()).await? {
+        return Err(RunError::StepTaken { location: job.store.describe(""), step: job.step });
+    }
     Ok(commit)
 }
 
@@ -230,7 +233,7 @@ fn fingerprint(
     inputs: &BTreeMap<String, InputRecord>,
 ) -> String {
     let mut hasher = Sha256::new();
-    for part in [kind, &config.to_string(), &seed.to_string(), &step.to_string(), stage] {
+    for part in [kind, &canonical_json(config), &seed.to_string(), &step.to_string(), stage] {
         hasher.update((part.len() as u64).to_le_bytes());
         hasher.update(part.as_bytes());
     }

@@ -29,6 +29,20 @@ pub enum SpecError {
         /// What the parser said.
         message: String,
     },
+    /// `extends:` names a file that cannot be read.
+    #[error("{}:{line}: `extends: {target}`: {} {message}", from.display(), looked_for.display())]
+    ExtendsMissing {
+        /// The spec with the `extends:` key.
+        from: PathBuf,
+        /// Its line.
+        line: usize,
+        /// The value as written.
+        target: String,
+        /// The path it resolves to (relative to the spec's directory).
+        looked_for: PathBuf,
+        /// What the OS said.
+        message: String,
+    },
     /// `extends:` comes back to a file already in the chain.
     #[error("`extends:` forms a cycle: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(" -> "))]
     ExtendsCycle {

@@ -23,6 +23,10 @@ use crate::registry::{CORE_KEYS, Registry};
 use crate::resources::Resources;
 use crate::stage::DynStage;
 
+/// The most steps a spec may ask for: far beyond any run (the paper's is 150), so that a typo
+/// is refused here rather than discovered in the run's tables.
+const MAX_STEPS: u64 = 10_000_000;
+
 /// A typed, checked spec. Build it with [`crate::load_pipeline`] or [`Spec::from_source`].
 #[derive(Clone)]
 pub struct Spec {
@@ -123,9 +127,9 @@ impl Spec {
         };
         let steps = match top.get("steps") {
             Some(value) => match value.as_u64() {
-                Some(steps) if steps >= 1 => steps,
+                Some(steps) if (1..=MAX_STEPS).contains(&steps) => steps,
                 _ => {
-                    problems.push(type_error("steps", "expected an integer >= 1".into()));
+                    problems.push(type_error("steps", format!("expected an integer between 1 and {MAX_STEPS}")));
                     1
                 }
             },

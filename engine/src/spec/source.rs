@@ -46,9 +46,24 @@ impl SourceDoc {
         let mut chain: Vec<(PathBuf, Value)> = Vec::new();
         let mut seen: Vec<PathBuf> = Vec::new();
         let mut next = Some(path.to_path_buf());
+        // Who extends the next file: (spec, line, value as written), to say where a missing
+        // parent was named.
+        let mut named_by: Option<(PathBuf, usize, String)> = None;
         while let Some(file) = next.take() {
-            let canonical = std::fs::canonicalize(&file)
-                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
+            let canonical = std::fs::canonicalize(&file).map_err(|source| match named_by.take() {
+                Some((from, line, target)) => SpecError::ExtendsMissing {
+                    from,
+                    line,
+                    target,
+                    looked_for: file.clone(),
+                    message: if source.kind() == std::io::ErrorKind::NotFound {
+                        "does not exist (the path is relative to the extending spec's directory)".into()
+                    } else {
+                        format!("cannot be read: {source}")
+                    },
+                },
+                None => SpecError::Io { file: file.clone(), message: source.to_string() },
+            })?;
             if seen.contains(&canonical) {
                 let mut files: Vec<PathBuf> = chain.iter().map(|(f, _)| f.clone()).collect();
                 files.push(file);
@@ -72,7 +87,8 @@ impl SourceDoc {
                     });
                 };
                 let base = file.parent().unwrap_or(Path::new(""));
-                next = Some(base.join(parent));
+                next = Some(base.join(&parent));
+                named_by = Some((file.clone(), locate_key(&text, &["extends"]).unwrap_or(1), parent));
             }
             doc.texts.insert(file.clone(), text);
             chain.push((file, value));

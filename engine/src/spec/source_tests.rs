@@ -54,6 +54,24 @@ fn an_extends_cycle_is_reported_with_the_chain() {
 }
 
 #[test]
+fn a_missing_parent_is_named_with_the_spec_and_line_that_extend_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "leaf.yaml", "name: leaf\nextends: missing.yaml\n");
+    let error = SourceDoc::load(&dir.path().join("leaf.yaml")).unwrap_err();
+    let message = error.to_string();
+    let SpecError::ExtendsMissing { line, looked_for, .. } = error else {
+        panic!("expected a missing parent: {error:?}")
+    };
+    assert_eq!(line, 2);
+    assert_eq!(looked_for, dir.path().join("missing.yaml"));
+    assert!(
+        message.contains("leaf.yaml:2: `extends: missing.yaml`") && message.contains("does not exist"),
+        "{message}"
+    );
+    assert!(!message.contains("cycle"), "{message}");
+}
+
+#[test]
 fn overrides_are_typed_yaml_and_can_remove() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

@@ -12,7 +12,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +138,18 @@ impl ArtifactStore {
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
         self.inner.put(&self.path(key), PutPayload::from_bytes(bytes)).await.map_err(self.error("write", key))?;
         Ok(())
+    }
+
+    /// Writes `bytes` at `key` only if nothing is there (a conditional create: an atomic link
+    /// on local disks, `If-None-Match: *` on S3). `false` when `key` already exists: of two
+    /// writers racing for a key, exactly one gets `true`.
+    pub async fn create(&self, key: &str, bytes: Bytes) -> Result<bool, StoreError> {
+        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        match self.inner.put_opts(&self.path(key), PutPayload::from_bytes(bytes), options).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
+            Err(source) => Err(self.error("create", key)(source)),
+        }
     }
 
     /// Reads `key`, or `None` if it does not exist.

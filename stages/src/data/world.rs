@@ -15,10 +15,18 @@ use std::path::Path;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// The generator's version, recorded with every world it writes. Bump it when the same config
+/// would generate a different world, so that worlds written before are regenerated.
+pub const GENERATOR_VERSION: u32 = 1;
+
+/// The file in a world's directory that records how it was generated. Written last, so a world
+/// without it is incomplete.
+pub const STAMP_FILE: &str = "world.json";
 
 /// What to generate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorldConfig {
     /// The seed.
     pub seed: u64,
@@ -158,6 +166,7 @@ pub struct Target {
 
 /// A generated world in memory.
 pub struct World {
+    config: WorldConfig,
     entities: Vec<Entity>,
     questions: Vec<WorldQuestion>,
 }
@@ -302,7 +311,7 @@ impl World {
             ];
             entities.push(Entity { kind: Kind::Work, name, facts, role });
         }
-        let mut world = World { entities, questions: Vec::new() };
+        let mut world = World { config, entities, questions: Vec::new() };
         world.questions = world.make_questions(&mut rng, config.questions);
         world
     }
@@ -452,7 +461,42 @@ impl World {
         write_jsonl(&out.join("questions.jsonl"), &self.questions)?;
         let targets = self.targets();
         write_jsonl(&out.join("targets.jsonl"), &targets)?;
+        let stamp = WorldStamp { generator: GENERATOR_VERSION, config: self.config };
+        std::fs::write(out.join(STAMP_FILE), serde_json::to_string_pretty(&stamp).map_err(std::io::Error::other)?)?;
         Ok(WorldFiles { passages: self.entities.len(), questions: self.questions.len(), targets: targets.len() })
+    }
+}
+
+/// How a world on disk was generated (its `world.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorldStamp {
+    /// [`GENERATOR_VERSION`] when it was written.
+    pub generator: u32,
+    /// Its config.
+    #[serde(flatten)]
+    pub config: WorldConfig,
+}
+
+impl WorldStamp {
+    /// The stamp of the world in `dir`: `None` when there is none (no world, an incomplete
+    /// one, or one written before worlds were stamped).
+    pub fn read(dir: &Path) -> Option<WorldStamp> {
+        serde_json::from_slice(&std::fs::read(dir.join(STAMP_FILE)).ok()?).ok()
+    }
+
+    /// What differs from `wanted`, in words (empty when they agree).
+    pub fn differences(&self, wanted: &WorldStamp) -> Vec<String> {
+        let (have, want) = (&self.config, &wanted.config);
+        [
+            ("generator version", self.generator as u64, wanted.generator as u64),
+            ("seed", have.seed, want.seed),
+            ("entities", have.entities as u64, want.entities as u64),
+            ("questions", have.questions as u64, want.questions as u64),
+        ]
+        .into_iter()
+        .filter(|(_, have, want)| have != want)
+        .map(|(what, have, want)| format!("{what} {have} (the spec asks for {want})"))
+        .collect()
     }
 }
 

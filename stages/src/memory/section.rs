@@ -90,11 +90,11 @@ impl Section for MemorySection {
         if !(-1.0..=1.0).contains(&self.dedup_threshold) {
             problems.push(ConfigProblem::new("dedup_threshold", "a cosine similarity, between -1 and 1"));
         }
-        if self.capacity == 0 {
-            problems.push(ConfigProblem::new("capacity", "must be at least 1"));
-        }
-        if let EmbedderConfig::HashedWords { dimension: 0 } = self.embedder {
-            problems.push(ConfigProblem::new("embedder.dimension", "must be at least 1"));
+        problems.extend(ConfigProblem::size("capacity", self.capacity, 1..=1_000_000));
+        problems.extend(ConfigProblem::size("top_k", self.top_k, 1..=100));
+        problems.extend(ConfigProblem::size("queue_capacity", self.queue_capacity, 0..=10_000_000));
+        if let EmbedderConfig::HashedWords { dimension } = self.embedder {
+            problems.extend(ConfigProblem::size("embedder.dimension", dimension, 1..=65_536));
         }
         if let EmbedderConfig::Minilm { model } = &self.embedder
             && !std::path::Path::new(model).exists()

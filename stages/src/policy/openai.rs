@@ -35,7 +35,8 @@ pub struct OpenAiConfig {
     /// Seconds before a request is abandoned.
     #[serde(default = "default_timeout")]
     pub timeout_secs: f64,
-    /// Retries after a connection error, a timeout, a 429 or a 5xx answer.
+    /// Retries after a connection error, a timeout, a 429 or a 5xx answer: pauses from 0.5 s,
+    /// doubling, jittered, at most 60 s, or the server's `Retry-After`.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Requests in flight at once, over all concurrent calls (the episodes of an agent loop
@@ -131,15 +132,15 @@ impl OpenAiPolicy {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.map_err(|e| {
-            Attempt::Retry(if e.is_timeout() {
+            Attempt::retry(if e.is_timeout() {
                 format!("no answer from {} within {} s", self.url(path), self.config.timeout_secs)
             } else {
                 format!("{} is unreachable: {e}", self.url(path))
             })
         })?;
         let status = response.status();
-        if status.is_server_error() || status.as_u16() == 429 {
-            return Err(Attempt::Retry(format!("{} answered {status}", self.url(path))));
+        if let Some(retry) = Attempt::from_status(&response, || format!("{} answered {status}", self.url(path))) {
+            return Err(retry);
         }
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();

@@ -91,6 +91,50 @@ impl std::fmt::Debug for Bm25Index {
     }
 }
 
+/// The corpus file an index was built from, as its size and modification time: cheap to
+/// check on every open, and enough to notice a regenerated corpus.
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct CorpusStamp {
+    bytes: u64,
+    modified_secs: u64,
+    modified_nanos: u32,
+}
+
+impl CorpusStamp {
+    /// Its file inside the index directory (tantivy leaves files it does not manage alone).
+    const FILE: &'static str = "sesa-corpus.json";
+
+    fn of(corpus: &Path) -> Option<CorpusStamp> {
+        let metadata = std::fs::metadata(corpus).ok()?;
+        let modified = metadata.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(CorpusStamp {
+            bytes: metadata.len(),
+            modified_secs: modified.as_secs(),
+            modified_nanos: modified.subsec_nanos(),
+        })
+    }
+
+    /// Whether `index` was built from `corpus` as it is now. An index without a stamp (built
+    /// by an earlier sesa) is current unless the corpus was modified after it; an unreadable
+    /// corpus leaves the index as it is.
+    fn index_is_current(corpus: &Path, index: &Path) -> bool {
+        let Some(now) = CorpusStamp::of(corpus) else { return true };
+        match std::fs::read(index.join(CorpusStamp::FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<CorpusStamp>(&b).ok())
+        {
+            Some(built) => built == now,
+            None => {
+                let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+                match (modified(corpus), modified(index)) {
+                    (Some(corpus), Some(index)) => corpus <= index,
+                    _ => true,
+                }
+            }
+        }
+    }
+}
+
 impl Bm25Index {
     /// Builds an index of the JSONL corpus at `corpus` in the empty or new directory `out`,
     /// streaming the corpus. `progress(bytes_read)` is called every few thousand passages.
@@ -151,13 +195,27 @@ impl Bm25Index {
         }
         writer.commit().map_err(|e| e.to_string())?;
         writer.wait_merging_threads().map_err(|e| e.to_string())?;
+        if let Some(stamp) = CorpusStamp::of(corpus) {
+            let json = serde_json::to_vec(&stamp).map_err(|e| e.to_string())?;
+            std::fs::write(out.join(CorpusStamp::FILE), json).map_err(|e| e.to_string())?;
+        }
         progress(reader.bytes_read());
         Ok(IndexStats { passages, bytes: reader.bytes_read() })
     }
 
     /// Opens the index at `index`, first building it from `corpus` if it is missing (logged:
     /// a large corpus takes a while).
+    /// An index built from another version of the corpus (a regenerated world) is rebuilt.
     pub fn open_or_build(corpus: &Path, index: &Path) -> Result<Bm25Index, SearchError> {
+        if index.exists() && !CorpusStamp::index_is_current(corpus, index) {
+            tracing::warn!(
+                "{} changed since the index {} was built from it: rebuilding the index",
+                corpus.display(),
+                index.display()
+            );
+            std::fs::remove_dir_all(index)
+                .map_err(|e| SearchError::Index { path: index.display().to_string(), message: e.to_string() })?;
+        }
         if !index.exists() {
             tracing::info!(corpus = %corpus.display(), index = %index.display(), "building the search index");
             Bm25Index::build(corpus, index, |_| {})?;

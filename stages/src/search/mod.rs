@@ -100,8 +100,6 @@ pub trait Search: Send + Sync {
 pub(crate) mod testing {
     //! Test support: BM25 indexes of the shared benchmark packs.
 
-    use std::path::Path;
-
     use super::Bm25Index;
     use crate::data::datasets::{Question, load_questions};
 
@@ -115,11 +113,7 @@ pub(crate) mod testing {
     impl SharedPack {
         /// Indexes `../shared/data/<name>`, or says it is absent and returns `None`.
         pub(crate) fn open(name: &str) -> Option<SharedPack> {
-            let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
-            if !data.exists() {
-                eprintln!("SKIPPED: ../shared/data/{name} is absent; this test needs its corpus");
-                return None;
-            }
+            let data = crate::testing::shared_data(name)?;
             let directory = tempfile::tempdir().unwrap();
             Bm25Index::build(&data.join("corpus.jsonl"), &directory.path().join("index"), |_| {}).unwrap();
             let index = Bm25Index::open(&directory.path().join("index")).unwrap();

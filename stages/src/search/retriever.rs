@@ -23,7 +23,8 @@ pub struct RetrieverConfig {
     /// Retries after a connection error, a timeout or a 5xx answer.
     #[serde(default = "default_retries")]
     pub retries: u32,
-    /// The first pause between retries, in milliseconds; it doubles after each retry.
+    /// The first pause between retries, in milliseconds; it doubles after each retry (jittered,
+    /// at most 60 s; a `Retry-After` from the server is honoured instead).
     #[serde(default = "default_backoff")]
     pub backoff_ms: u64,
     /// Requests in flight at once (the episodes of an agent loop each search on their own).
@@ -102,11 +103,11 @@ impl RetrieverClient {
             } else {
                 format!("unreachable ({e}); is it running? `sesa serve-retriever --index DIR` serves an index")
             };
-            Attempt::Retry(message)
+            Attempt::retry(message)
         })?;
         let status = response.status();
-        if status.is_server_error() {
-            return Err(Attempt::Retry(format!("answered {status}")));
+        if let Some(retry) = Attempt::from_status(&response, || format!("answered {status}")) {
+            return Err(retry);
         }
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();

@@ -18,8 +18,8 @@ use crate::agent::{
 use crate::columns::Reader;
 use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, SkillBank, skills_from_batch};
 use crate::policy::Policy;
-use crate::search::{Search, SearchConfig};
-use crate::sections::{AgentSection, JudgeSection, ModelSection, PromptsSection, SetupError, WorldSection};
+use crate::search::Search;
+use crate::sections::{AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, SetupError};
 
 /// The prompt templates of the loop, loaded and checked.
 pub struct Templates {
@@ -198,14 +198,7 @@ impl LoopResources {
         let Some(model) = spec.section::<ModelSection>() else {
             return Ok(None);
         };
-        if let Some(world) = spec.section::<WorldSection>() {
-            world.ensure()?;
-        }
-        let search = spec.section::<SearchConfig>().ok_or(SetupError::MissingSection("search"))?;
-        let agent = spec.section::<AgentSection>().ok_or(SetupError::MissingSection("agent"))?;
-        let prompts = spec.section::<PromptsSection>().ok_or(SetupError::MissingSection("prompts"))?;
-        let search_tool = search.open_or_build()?;
-        let policy = model.open().await?;
+        let AgentSetup { policy, search, top_k, agent, prompts } = AgentSetup::from_spec(spec).await?;
         // In-process training needs the weights file the policy serves.
         let training = match &*model {
             ModelSection::Candle(config) => {
@@ -230,9 +223,9 @@ impl LoopResources {
         let selfplay = SelfPlay {
             policy,
             judge,
-            search: search_tool,
-            top_k: search.top_k,
-            agent: (*agent).clone(),
+            search,
+            top_k,
+            agent,
             templates: Templates::load(&prompts)?,
             pool: Mutex::new(Vec::new()),
             initial: InitialPolicy::of((*model).clone()),

@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::columns::{Columns, Reader, schema_of};
 use crate::policy::Policy;
+use crate::sections::MAX_TOKENS;
 use crate::train::{Method, TrainModel, Trainer, new_adapters};
 use crate::weights::LlamaWeights;
 
@@ -63,9 +64,7 @@ impl Section for TrainerSection {
             .into_iter()
             .map(|(key, message)| ConfigProblem::new(format!("method.{key}"), message))
             .collect();
-        if self.micro_batch_tokens == 0 {
-            problems.push(ConfigProblem::new("micro_batch_tokens", "must be at least 1"));
-        }
+        problems.extend(ConfigProblem::size("micro_batch_tokens", self.micro_batch_tokens, 1..=MAX_TOKENS));
         problems
     }
 }

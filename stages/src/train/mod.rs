@@ -66,8 +66,8 @@ impl Method {
             Method::Full => Vec::new(),
             Method::Lora { rank, alpha, targets } => {
                 let mut problems = Vec::new();
-                if *rank == 0 {
-                    problems.push(("rank", "must be at least 1".to_string()));
+                if !(1..=4_096).contains(rank) {
+                    problems.push(("rank", format!("must be between 1 and 4096, got {rank}")));
                 }
                 if !(alpha.is_finite() && *alpha > 0.0) {
                     problems.push(("alpha", format!("must be a positive number, got {alpha}")));

@@ -46,17 +46,9 @@ fn verl_parquet_imports_targets_and_questions() {
 
 #[test]
 fn the_shared_benchmark_packs_load_when_present() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data");
-    if !data.exists() {
-        eprintln!("SKIPPED: ../shared/data is absent; the benchmark packs are not checked");
-        return;
-    }
     for (name, count) in [("hotpotqa", 1100), ("bamboogle", 125)] {
-        let config = DatasetConfig {
-            benchmark: Benchmark::Hotpotqa,
-            path: data.join(name).join("questions.jsonl"),
-            limit: None,
-        };
+        let Some(pack) = crate::testing::shared_data(name) else { continue };
+        let config = DatasetConfig { benchmark: Benchmark::Hotpotqa, path: pack.join("questions.jsonl"), limit: None };
         let questions = config.load().unwrap();
         assert_eq!(questions.len(), count, "{name}");
         assert!(questions.iter().all(|q| !q.golden_answers.is_empty()));

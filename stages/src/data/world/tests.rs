@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{World, WorldConfig};
+use super::{GENERATOR_VERSION, STAMP_FILE, World, WorldConfig, WorldStamp};
 
 fn world(seed: u64) -> World {
     World::generate(WorldConfig { seed, entities: 400, questions: 300 })
@@ -80,4 +80,27 @@ fn files_are_written_in_the_search_r1_and_flashrag_formats() {
     let targets = std::fs::read_to_string(dir.path().join("targets.jsonl")).unwrap();
     assert_eq!(targets.lines().count(), files.targets);
     assert!(targets.lines().all(|l| l.contains("\"answer\"") && l.contains("\"hops\"")));
+}
+
+#[test]
+fn a_world_generated_with_other_parameters_is_regenerated_not_reused() {
+    use crate::sections::WorldSection;
+    let dir = tempfile::tempdir().unwrap();
+    let section = |entities| WorldSection { dir: dir.path().join("world"), seed: 1, entities, questions: 20 };
+    let passages = || std::fs::read_to_string(dir.path().join("world/corpus.jsonl")).unwrap().lines().count();
+    section(100).ensure().unwrap();
+    let small = passages();
+    let stamp = WorldStamp::read(&dir.path().join("world")).unwrap();
+    assert_eq!((stamp.generator, stamp.config.entities, stamp.config.seed), (GENERATOR_VERSION, 100, 1));
+    section(300).ensure().unwrap();
+    assert!(passages() > small, "the spec's size, not the stale world's");
+    assert_eq!(WorldStamp::read(&dir.path().join("world")).unwrap().config.entities, 300);
+    let wanted =
+        WorldStamp { generator: GENERATOR_VERSION, config: WorldConfig { seed: 2, entities: 300, questions: 20 } };
+    assert_eq!(stamp.differences(&wanted), ["seed 1 (the spec asks for 2)", "entities 100 (the spec asks for 300)"]);
+    // A world written before worlds were stamped is regenerated too.
+    std::fs::remove_file(dir.path().join("world").join(STAMP_FILE)).unwrap();
+    std::fs::write(dir.path().join("world/corpus.jsonl"), "").unwrap();
+    section(300).ensure().unwrap();
+    assert!(passages() > small);
 }

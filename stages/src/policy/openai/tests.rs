@@ -137,3 +137,42 @@ fn a_missing_api_key_variable_is_named() {
     let error = OpenAiPolicy::new(config).unwrap_err().to_string();
     assert!(error.contains("SESA_TEST_SURELY_UNSET_KEY"), "{error}");
 }
+
+#[tokio::test]
+async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = Router::new().route(
+        "/v1/completions",
+        post(move |Json(body): Json<Value>| {
+            let counter = counter.clone();
+            async move {
+                use axum::response::IntoResponse;
+                if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "busy").into_response();
+                }
+                plain_completions(Json(body)).await.into_response()
+            }
+        }),
+    );
+    let url = serve(app).await;
+    let policy = OpenAiPolicy::new(OpenAiConfig { retries: 2, ..config(url) }).unwrap();
+    let request = GenerationRequest {
+        context: "What is the capital of Veltria?".into(),
+        context_ids: None,
+        max_tokens: 8,
+        stop: vec![],
+        sampling: Sampling::GREEDY,
+        seed: 0,
+        json_schema: None,
+        ignore_eos: false,
+    };
+    let started = std::time::Instant::now();
+    let generation = policy.generate(std::slice::from_ref(&request)).await.unwrap().remove(0);
+    let waited = started.elapsed();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(generation.text.contains("capital of Veltria"), "{}", generation.text);
+    // The first pause alone would be at most 0.5 s; the server asked for a second.
+    assert!(waited >= std::time::Duration::from_secs(1), "retried after {waited:?}");
+}

@@ -109,6 +109,20 @@ fn building_into_a_non_empty_directory_is_refused() {
     assert!(error.to_string().contains("not empty"), "{error}");
 }
 
+#[test]
+fn an_index_of_a_corpus_that_changed_is_rebuilt_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, index) = (dir.path().join("corpus.jsonl"), dir.path().join("index"));
+    std::fs::write(&path, corpus()).unwrap();
+    assert_eq!(Bm25Index::open_or_build(&path, &index).unwrap().len(), 4);
+    assert_eq!(Bm25Index::open_or_build(&path, &index).unwrap().len(), 4, "unchanged: opened as is");
+    // A regenerated corpus: another size and modification time.
+    std::fs::write(&path, corpus().lines().take(2).collect::<Vec<_>>().join("\n")).unwrap();
+    let rebuilt = Bm25Index::open_or_build(&path, &index).unwrap();
+    assert_eq!(rebuilt.len(), 2);
+    assert!(rebuilt.search_one("Bananas yellow", 4).unwrap().iter().all(|hit| hit.doc.id != "4"));
+}
+
 /// Recall of the supporting titles of HotpotQA questions (the question as the query) on the
 /// shared pack's corpus. The floors are the values measured when this test was written, a
 /// little lower: a regression in analysis or scoring fails here.

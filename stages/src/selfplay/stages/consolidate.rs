@@ -14,6 +14,7 @@ use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table
 use crate::columns::{Columns, schema_of};
 use crate::memory::{Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, skills_batch};
 use crate::policy::Sampling;
+use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 
 /// The config of `consolidate`.
@@ -84,14 +85,14 @@ impl Stage for Consolidate {
     type Config = ConsolidateConfig;
 
     fn new(config: ConsolidateConfig) -> Result<Self, Vec<ConfigProblem>> {
-        let mut problems = Vec::new();
-        for (key, value) in
-            [("batch", config.batch), ("max_skills", config.max_skills), ("max_tokens", config.max_tokens)]
-        {
-            if value == 0 {
-                problems.push(ConfigProblem::new(key, "must be at least 1"));
-            }
-        }
+        let problems: Vec<ConfigProblem> = [
+            ConfigProblem::size("batch", config.batch, 1..=100_000),
+            ConfigProblem::size("max_skills", config.max_skills, 1..=100_000),
+            ConfigProblem::size("max_tokens", config.max_tokens, 1..=MAX_TOKENS),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         if problems.is_empty() { Ok(Consolidate { config }) } else { Err(problems) }
     }
 

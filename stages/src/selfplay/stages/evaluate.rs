@@ -245,8 +245,8 @@ impl Stage for Evaluate {
         if config.benchmarks.is_empty() {
             return Err(vec![ConfigProblem::new("benchmarks", "name at least one question set")]);
         }
-        if config.concurrency == 0 {
-            return Err(vec![ConfigProblem::new("concurrency", "must be at least 1")]);
+        if let Some(problem) = ConfigProblem::size("concurrency", config.concurrency, 1..=4_096) {
+            return Err(vec![problem]);
         }
         let missing: Vec<ConfigProblem> = config
             .benchmarks

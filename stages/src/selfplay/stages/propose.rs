@@ -118,9 +118,7 @@ impl Stage for Propose {
 
     fn new(config: ProposeConfig) -> Result<Self, Vec<ConfigProblem>> {
         let mut problems = Vec::new();
-        if config.batch == 0 {
-            problems.push(ConfigProblem::new("batch", "must be at least 1"));
-        }
+        problems.extend(ConfigProblem::size("batch", config.batch, 1..=100_000));
         if config.rules.min_chars > config.rules.max_chars {
             problems.push(ConfigProblem::new("rules.min_chars", "cannot exceed rules.max_chars"));
         }

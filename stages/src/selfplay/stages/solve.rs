@@ -125,8 +125,8 @@ impl Stage for Solve {
     type Config = SolveConfig;
 
     fn new(config: SolveConfig) -> Result<Self, Vec<ConfigProblem>> {
-        if config.n_rollouts == 0 {
-            return Err(vec![ConfigProblem::new("n_rollouts", "must be at least 1")]);
+        if let Some(problem) = ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096) {
+            return Err(vec![problem]);
         }
         Ok(Solve { config })
     }

@@ -18,6 +18,7 @@ use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
 use crate::policy::{GenerationRequest, Policy, Sampling};
+use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
 
@@ -187,12 +188,9 @@ impl Stage for Verify {
 
     fn new(config: VerifyConfig) -> Result<Self, Vec<ConfigProblem>> {
         let mut problems = Vec::new();
-        if config.max_tokens == 0 {
-            problems.push(ConfigProblem::new("max_tokens", "must be at least 1"));
-        }
-        if config.pool_clear_interval == 0 {
-            problems.push(ConfigProblem::new("pool_clear_interval", "must be at least 1"));
-        }
+        problems.extend(ConfigProblem::size("max_tokens", config.max_tokens, 1..=MAX_TOKENS));
+        problems.extend(ConfigProblem::size("noise", config.noise, 0..=100));
+        problems.extend(ConfigProblem::size("pool_clear_interval", config.pool_clear_interval, 1..=u64::MAX));
         if problems.is_empty() { Ok(Verify { config, fallback: LoadOnce::default() }) } else { Err(problems) }
     }
 

@@ -189,12 +189,11 @@ impl Stage for Warmup {
                     .push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
         }
-        if config.keep_every == Some(0) {
-            problems.push(ConfigProblem::new("keep_every", "must be at least 1"));
+        if let Some(every) = config.keep_every {
+            problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
         }
-        if config.epochs == 0 || config.batch == 0 {
-            problems.push(ConfigProblem::new("batch", "epochs and batch must be at least 1"));
-        }
+        problems.extend(ConfigProblem::size("epochs", config.epochs, 1..=1_000));
+        problems.extend(ConfigProblem::size("batch", config.batch, 1..=100_000));
         if !problems.is_empty() {
             return Err(problems);
         }

@@ -189,19 +189,17 @@ impl Stage for Update {
                 problems.push(ConfigProblem::new("roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
         }
-        if config.ppo_epochs == 0 {
-            problems.push(ConfigProblem::new("ppo_epochs", "must be at least 1"));
-        }
-        if config.mini_batch == Some(0) {
-            problems.push(ConfigProblem::new("mini_batch", "must be at least 1"));
+        problems.extend(ConfigProblem::size("ppo_epochs", config.ppo_epochs, 1..=1_000));
+        if let Some(mini_batch) = config.mini_batch {
+            problems.extend(ConfigProblem::size("mini_batch", mini_batch, 1..=1_000_000));
         }
         if let Some(RunningMean { decay }) = config.proposer_baseline
             && !(0.0..1.0).contains(&decay)
         {
             problems.push(ConfigProblem::new("proposer_baseline.decay", format!("must be in [0, 1), got {decay}")));
         }
-        if config.keep_every == Some(0) {
-            problems.push(ConfigProblem::new("keep_every", "must be at least 1"));
+        if let Some(every) = config.keep_every {
+            problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
         }
         if let Some(external) = &config.external {
             if external.command.is_empty() {
