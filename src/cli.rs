@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use sesa_engine::manifest::{RunStatus, StepCommit, layout};
+use sesa_engine::manifest::{StepCommit, layout};
 use sesa_engine::{
     ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
     list_runs, load_pipeline,

@@ -31,26 +31,6 @@ pub mod weights;
 
 use sesa_engine::Registry;
 
-#[cfg(test)]
-pub(crate) mod testing {
-    //! Test support shared across modules.
-
-    use std::path::PathBuf;
-
-    /// `../shared/data/<name>` (the benchmark packs beside the repository), or `None` after
-    /// saying it is absent. Under CI (`CI` set) an absent pack fails the test: a test that
-    /// passes without running is a defect.
-    pub(crate) fn shared_data(name: &str) -> Option<PathBuf> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
-        if path.exists() {
-            return Some(path);
-        }
-        assert!(std::env::var_os("CI").is_none(), "CI must have the benchmark pack {}", path.display());
-        eprintln!("SKIPPED: ../shared/data/{name} is absent; this test needs it");
-        None
-    }
-}
-
 /// The registry of every SESA stage kind and spec section.
 pub fn registry() -> Registry {
     let mut registry = Registry::new();
@@ -74,4 +54,24 @@ pub fn registry() -> Registry {
         .stage::<selfplay::Update>()
         .stage::<selfplay::Evaluate>();
     registry
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Test support shared across modules.
+
+    use std::path::PathBuf;
+
+    /// `../shared/data/<name>` (the benchmark packs beside the repository), or `None` after
+    /// saying it is absent. Under CI (`CI` set) an absent pack fails the test: a test that
+    /// passes without running is a defect.
+    pub(crate) fn shared_data(name: &str) -> Option<PathBuf> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
+        if path.exists() {
+            return Some(path);
+        }
+        assert!(std::env::var_os("CI").is_none(), "CI must have the benchmark pack {}", path.display());
+        eprintln!("SKIPPED: ../shared/data/{name} is absent; this test needs it");
+        None
+    }
 }
