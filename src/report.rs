@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sesa_engine::ArtifactStore;
-use sesa_engine::manifest::{RunManifest, RunStatus, layout};
-use sesa_engine::run::lease::{Liveness, read_lease};
+use sesa_engine::run::RunSummary;
 
 /// Each run's (committed steps, whether a live writer is running it): what a new report
 /// waits for. A run marked running whose writer died counts as stopped.
@@ -16,12 +15,8 @@ async fn progress(runs: &[(String, String)]) -> Result<Vec<(u64, bool)>> {
     for (root, id) in runs {
         let location = format!("{}/{id}", root.trim_end_matches('/'));
         let store = ArtifactStore::open(&location)?;
-        let bytes = store.get(layout::MANIFEST).await?.with_context(|| format!("{location} is not a run"))?;
-        let manifest: RunManifest = serde_json::from_slice(&bytes).with_context(|| format!("reading {location}"))?;
-        let holder = read_lease(&store).await?;
-        let writing =
-            manifest.status == RunStatus::Running && holder.is_some_and(|holder| holder.liveness() == Liveness::Alive);
-        states.push((manifest.committed_steps, writing));
+        let run = RunSummary::read(&store).await?.with_context(|| format!("{location} is not a run"))?;
+        states.push((run.manifest.committed_steps, run.is_writing()));
     }
     Ok(states)
 }

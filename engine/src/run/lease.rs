@@ -109,8 +109,8 @@ pub async fn read_lease(store: &ArtifactStore) -> Result<Option<LeaseHolder>, Ru
 pub(crate) struct Lease {
     store: ArtifactStore,
     holder: LeaseHolder,
-    /// Set by the heartbeat when it finds another holder's lease.
-    lost: std::sync::Arc<std::sync::Mutex<Option<LeaseHolder>>>,
+    /// Set by the heartbeat when the lease is no longer ours: who holds it now.
+    lost: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
     /// How often to renew ([`HEARTBEAT`]; shorter in tests).
     interval: Duration,
@@ -167,7 +167,7 @@ impl Lease {
                         }
                     }
                     Ok(current) => {
-                        let taker = current.unwrap_or_else(|| LeaseHolder { token: String::new(), ..holder.clone() });
+                        let taker = current.map_or_else(|| "nobody (it was deleted)".into(), |c| c.to_string());
                         *lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(taker);
                         return;
                     }
@@ -181,10 +181,7 @@ impl Lease {
     pub(crate) fn check(&self) -> Result<(), RunError> {
         match &*self.lost.lock().unwrap_or_else(|e| e.into_inner()) {
             None => Ok(()),
-            Some(taker) => Err(RunError::LeaseLost {
-                location: self.store.describe(""),
-                holder: if taker.token.is_empty() { "nobody (it was deleted)".into() } else { taker.to_string() },
-            }),
+            Some(taker) => Err(RunError::LeaseLost { location: self.store.describe(""), holder: taker.clone() }),
         }
     }
 

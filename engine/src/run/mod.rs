@@ -559,12 +559,29 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
+    /// The run in `store`, with its committed steps counted from the commit records; `None`
+    /// where there is no readable manifest.
+    pub async fn read(store: &ArtifactStore) -> Result<Option<RunSummary>, RunError> {
+        let Some(bytes) = store.get(layout::MANIFEST).await? else { return Ok(None) };
+        let Ok(mut manifest) = serde_json::from_slice::<RunManifest>(&bytes) else { return Ok(None) };
+        // The manifest is updated after each commit; the commit records are the truth.
+        let committed = store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).count();
+        manifest.committed_steps = committed as u64;
+        let lease = lease::read_lease(store).await.unwrap_or(None);
+        Ok(Some(RunSummary { manifest, location: store.describe(""), lease }))
+    }
+
+    /// Whether a live writer is running it now (marked running, and its lease's holder alive).
+    pub fn is_writing(&self) -> bool {
+        self.manifest.status == RunStatus::Running
+            && self.lease.as_ref().is_some_and(|holder| holder.liveness() == lease::Liveness::Alive)
+    }
+
     /// The status to show: a run marked running whose writer is gone (no lease, or its holder
     /// is dead) is `stopped`, wherever it was started.
     pub fn status(&self) -> String {
-        let writing = self.lease.as_ref().is_some_and(|holder| holder.liveness() == lease::Liveness::Alive);
         match self.manifest.status {
-            RunStatus::Running if !writing => "stopped".to_string(),
+            RunStatus::Running if !self.is_writing() => "stopped".to_string(),
             status => status.to_string(),
         }
     }
@@ -574,18 +591,9 @@ impl RunSummary {
 pub async fn list_runs(root: &ArtifactStore) -> Result<Vec<RunSummary>, RunError> {
     let mut runs = Vec::new();
     for name in root.list_dirs("").await? {
-        let store = root.scoped(&name);
-        let Some(bytes) = store.get(layout::MANIFEST).await? else {
-            continue;
-        };
-        let Ok(mut manifest) = serde_json::from_slice::<RunManifest>(&bytes) else {
-            continue;
-        };
-        // The manifest is updated after each commit; the commit records are the truth.
-        let committed = store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).count();
-        manifest.committed_steps = committed as u64;
-        let lease = lease::read_lease(&store).await.unwrap_or(None);
-        runs.push(RunSummary { manifest, location: store.describe(""), lease });
+        if let Some(summary) = RunSummary::read(&root.scoped(&name)).await? {
+            runs.push(summary);
+        }
     }
     runs.sort_by(|a, b| a.manifest.created_at.cmp(&b.manifest.created_at));
     Ok(runs)

@@ -452,6 +452,11 @@ impl World {
     /// Writes `corpus.jsonl`, `questions.jsonl` and `targets.jsonl` into `out`.
     pub fn write(&self, out: &Path) -> std::io::Result<WorldFiles> {
         std::fs::create_dir_all(out)?;
+        // A world being rewritten carries no stamp until it is complete.
+        match std::fs::remove_file(out.join(STAMP_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let mut corpus = std::io::BufWriter::new(std::fs::File::create(out.join("corpus.jsonl"))?);
         for (index, (title, text)) in self.passages().enumerate() {
             let line = serde_json::json!({ "id": format!("w{index}"), "contents": format!("\"{title}\"\n{text}") });
