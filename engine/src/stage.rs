@@ -9,6 +9,7 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -20,6 +21,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
 use crate::progress::{Progress, StageProgress};
+use crate::requirement::Requirement;
 use crate::resources::Resources;
 use crate::seed;
 
@@ -174,6 +176,17 @@ pub trait Stage: Send + Sync + Sized + 'static {
     /// The tables this stage writes.
     fn outputs(&self) -> Vec<TableSpec>;
 
+    /// What the stage needs from outside the run (keys relative to the stage), checked before
+    /// a run is created.
+    fn requirements(&self) -> Vec<Requirement> {
+        Vec::new()
+    }
+
+    /// Paths the stage creates on first use: requirements under them are met by the run.
+    fn provides(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
+
     /// Runs the stage for one step.
     fn run(&self, cx: &StageContext, inputs: Tables) -> impl Future<Output = Result<Tables, StageError>> + Send;
 }
@@ -182,6 +195,8 @@ pub trait Stage: Send + Sync + Sized + 'static {
 pub(crate) trait DynStage: Send + Sync {
     fn inputs(&self) -> Vec<TableSpec>;
     fn outputs(&self) -> Vec<TableSpec>;
+    fn requirements(&self) -> Vec<Requirement>;
+    fn provides(&self) -> Vec<PathBuf>;
     fn run<'a>(&'a self, cx: &'a StageContext, inputs: Tables) -> BoxFuture<'a, Result<Tables, StageError>>;
 }
 
@@ -191,6 +206,12 @@ impl<S: Stage> DynStage for S {
     }
     fn outputs(&self) -> Vec<TableSpec> {
         Stage::outputs(self)
+    }
+    fn requirements(&self) -> Vec<Requirement> {
+        Stage::requirements(self)
+    }
+    fn provides(&self) -> Vec<PathBuf> {
+        Stage::provides(self)
     }
     fn run<'a>(&'a self, cx: &'a StageContext, inputs: Tables) -> BoxFuture<'a, Result<Tables, StageError>> {
         Box::pin(Stage::run(self, cx, inputs))

@@ -249,6 +249,7 @@ fn a_failing_stage_keeps_earlier_steps_and_says_how_to_resume() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("stage `fail` failed at step 3: told to fail at step 3"), "{stderr}");
+    assert_eq!(stderr.matches("told to fail").count(), 1, "the cause is said once: {stderr}");
     assert!(stderr.contains("sesa resume"), "{stderr}");
     let run = only_run(&store);
     let manifest = manifest(&run);

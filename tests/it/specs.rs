@@ -4,7 +4,7 @@ use std::path::Path;
 
 use sesa_engine::load_pipeline;
 
-use crate::support::{redact, registry, run_sesa, stdout, write};
+use crate::support::{ChildRegistry, redact, registry, run_sesa, run_sesa_with, stdout, write};
 
 /// The message `sesa validate` prints for `text`, paths redacted.
 fn problems(text: &str) -> String {
@@ -251,4 +251,170 @@ fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
     ] {
         assert!(errors.contains(expected), "expected `{expected}` in:\n{errors}");
     }
+}
+
+/// A port on this host where nothing listens (bound, then released).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A server that answers every request with `body` as JSON, as a model server's `/v1/models`.
+fn serve_json(body: &'static str) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes()));
+        }
+    });
+    port
+}
+
+#[test]
+fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let (closed, served) = (closed_port(), serve_json(r#"{"object": "list", "data": [{"id": "Qwen/Qwen2.5-7B"}]}"#));
+    let targets = dir.path().join("targets.jsonl");
+    let overrides = [
+        format!("model.base_url=http://127.0.0.1:{served}/v1"),
+        format!("judge.base_url=http://127.0.0.1:{closed}/v1"),
+        format!("search.backend.url=http://127.0.0.1:{closed}/retrieve"),
+        format!("stages.propose.targets={}", targets.display()),
+        format!("stages.update.external={{command: [sh], dir: {}}}", dir.path().join("external").display()),
+    ];
+    let command = |verb: &str, extra: &[String]| -> Vec<String> {
+        let mut args = vec![verb.to_string(), "specs/ablation_no_frontier.yaml".to_string()];
+        for set in &overrides {
+            args.extend(["--set".to_string(), set.clone()]);
+        }
+        args.extend(extra.iter().cloned());
+        args
+    };
+    let sesa = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_sesa_with(ChildRegistry::Stages, &args, repo)
+    };
+    let stderr = |output: &std::process::Output| {
+        redact(&String::from_utf8_lossy(&output.stderr), dir.path())
+            .replace(&format!(":{served}/"), ":[SERVED]/")
+            .replace(&format!(":{closed}/"), ":[CLOSED]/")
+    };
+
+    let output = sesa(&command("validate", &[]));
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    insta::assert_snapshot!(stderr(&output), @"
+    error: the spec has 4 problems:
+      - --set model.base_url=http://127.0.0.1:[SERVED]/v1: model.base_url: http://127.0.0.1:[SERVED]/v1/models serves `Qwen/Qwen2.5-7B`, not `Qwen/Qwen3-4B`; start an OpenAI-compatible server that serves `Qwen/Qwen3-4B` at http://127.0.0.1:[SERVED]/v1 (vLLM: `vllm serve Qwen/Qwen3-4B`, SGLang: `python -m sglang.launch_server --model-path Qwen/Qwen3-4B`), or set this key to the URL of yours
+      - --set search.backend.url=http://127.0.0.1:[CLOSED]/retrieve: search.backend.url: nothing answers at http://127.0.0.1:[CLOSED]/retrieve (cannot connect); start a retriever there: Search-R1's `retrieval_server.py` over wiki-18, or `sesa serve-retriever --index DIR` over a BM25 index (`sesa index build`)
+      - --set judge.base_url=http://127.0.0.1:[CLOSED]/v1: judge.base_url: nothing answers at http://127.0.0.1:[CLOSED]/v1/models (cannot connect); start an OpenAI-compatible server that serves `judge` at http://127.0.0.1:[CLOSED]/v1 (vLLM: `vllm serve judge`, SGLang: `python -m sglang.launch_server --model-path judge`), or set this key to the URL of yours
+      - --set stages.propose.targets=[DIR]/targets.jsonl: stages.propose.targets: `[DIR]/targets.jsonl` does not exist; write it from question sets with `sesa data targets QUESTIONS.jsonl … --out [DIR]/targets.jsonl` (their answers, each with a hop count), or name a generated world's `targets.jsonl` with a `world:` section
+    ");
+
+    // The spec alone is fine.
+    assert_eq!(sesa(&command("validate", &["--spec-only".into()])).status.code(), Some(0));
+
+    // `sesa data targets` provides the file; the servers are still missing, and `run` says so
+    // before it creates anything.
+    let questions = write(
+        dir.path(),
+        "questions.jsonl",
+        concat!(
+            r#"{"id": "1", "question": "Capital of France?", "golden_answers": ["Paris"]}"#,
+            "\n",
+            r#"{"id": "2", "question": "Where is the Louvre?", "golden_answers": ["paris", "Paris, France"]}"#,
+            "\n",
+            r#"{"id": "3", "question": "Who wrote Hamlet?", "golden_answers": ["William Shakespeare"], "hops": 1}"#,
+            "\n",
+        ),
+    );
+    let made = run_sesa_with(
+        ChildRegistry::Stages,
+        &["data", "targets", questions.to_str().unwrap(), "--out", targets.to_str().unwrap(), "--hops", "3"],
+        repo,
+    );
+    assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
+    assert_eq!(
+        redact(&stdout(&made), dir.path()),
+        "[DIR]/targets.jsonl: 2 targets from 3 questions (1 repeated answers and 0 without one skipped)"
+    );
+    let mut lines: Vec<String> = std::fs::read_to_string(&targets).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(lines, [r#"{"answer":"Paris","hops":3}"#, r#"{"answer":"William Shakespeare","hops":1}"#]);
+
+    let store = dir.path().join("runs");
+    let output = sesa(&command("run", &["--store".into(), store.display().to_string()]));
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert!(text.contains("the spec has 3 problems"), "{text}");
+    assert!(!text.contains("stages.propose.targets"), "{text}");
+    assert!(!store.exists(), "no run is created while resources are missing");
+}
+
+#[test]
+fn what_a_spec_generates_on_first_use_is_not_required_to_exist() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let at = |path: &str| dir.path().join(path).display().to_string();
+    let overrides = [
+        format!("world.dir={}", at("world")),
+        format!("search.backend.index={}", at("world-index")),
+        format!("search.backend.corpus={}", at("world/corpus.jsonl")),
+        format!("stages.propose.targets={}", at("world/targets.jsonl")),
+        format!("stages.verify.fallback_questions={}", at("world/questions.jsonl")),
+    ];
+    let mut args = vec!["validate", "specs/quickstart.yaml"];
+    for set in &overrides {
+        args.extend(["--set", set.as_str()]);
+    }
+    let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+
+    // Without the world, the same files are missing, and each is named.
+    let world = "world=null".to_string();
+    args.extend(["--set", world.as_str()]);
+    let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+    let text = redact(&String::from_utf8_lossy(&output.stderr), dir.path());
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    for key in ["search.backend.corpus", "stages.propose.targets", "stages.verify.fallback_questions"] {
+        assert!(text.contains(&format!("{key}: `[DIR]/world/")), "expected {key} in:\n{text}");
+    }
+}
+
+#[test]
+fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &[
+            "validate",
+            "specs/quickstart.yaml",
+            "--set",
+            "model=null",
+            "--set",
+            "model={backend: openai, base_url: 'http://127.0.0.1:9/v1', model: m}",
+            "--set",
+            "stages.update={kind: update, after: [reward], optimizer: {lr: 1.0e-6}}",
+        ],
+        repo,
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("stages.update: `update` trains in process, which needs `model: {backend: candle}`"),
+        "{text}"
+    );
 }

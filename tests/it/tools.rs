@@ -90,3 +90,104 @@ fn serve_retriever_answers_the_search_r1_api() {
     assert!(answer.status.success(), "{}", String::from_utf8_lossy(&answer.stderr));
     insta::assert_snapshot!(String::from_utf8_lossy(&answer.stdout).trim(), @r#"{"contents": "\"Orla\"\nOrla is the capital of Veltria.", "id": "1"}"#);
 }
+
+/// A stand-in for the Hugging Face Hub's file API (`GET /ORG/REPO/resolve/REVISION/FILE`, with
+/// byte ranges, the commit and etag headers hf-hub reads); records each request's path and
+/// `authorization` header.
+fn serve_hub(files: Vec<(&'static str, Vec<u8>)>) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or_default().to_string();
+            let (mut range, mut authorization) = (None, String::new());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                    break;
+                }
+                let (name, value) = line.split_once(':').unwrap_or_default();
+                match name.to_ascii_lowercase().as_str() {
+                    "range" => range = value.trim().strip_prefix("bytes=").map(str::to_string),
+                    "authorization" => authorization = value.trim().to_string(),
+                    _ => {}
+                }
+            }
+            log.lock().unwrap().push((path.clone(), authorization));
+            let found = files.iter().find(|(name, _)| path == format!("/org/tiny/resolve/main/{name}"));
+            let mut stream = stream;
+            let Some((_, body)) = found else {
+                let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                continue;
+            };
+            let (start, end) = match range.as_deref().and_then(|r| r.split_once('-')) {
+                Some((a, b)) => (a.parse::<usize>().unwrap(), b.parse::<usize>().unwrap().min(body.len() - 1)),
+                None => (0, body.len() - 1),
+            };
+            let etag: String = body.iter().map(|b| format!("{b:02x}")).take(16).collect();
+            let head = format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{end}/{}\r\n\
+                 ETag: \"{etag}{}\"\r\nX-Repo-Commit: {}\r\nConnection: close\r\n\r\n",
+                end + 1 - start,
+                body.len(),
+                body.len(),
+                "c".repeat(40)
+            );
+            let _ = stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(&body[start..=end]));
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn hf_references_fetch_a_file_or_a_model_directory_through_the_hub_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+    let files = vec![
+        ("model-Q8_0.gguf", gguf.clone()),
+        ("config.json", b"{\"model_type\": \"llama\"}".to_vec()),
+        ("model.safetensors", vec![7; 300]),
+        ("tokenizer.json", b"{}".to_vec()),
+    ];
+    let (port, seen) = serve_hub(files);
+    let fetch = |reference: &str| {
+        crate::support::sesa(&["model", "fetch", reference], dir.path())
+            .env("SESA_HOME", dir.path().join("home"))
+            .env("HF_ENDPOINT", format!("http://127.0.0.1:{port}"))
+            .env("HF_TOKEN", "hf_test_token")
+            .output()
+            .unwrap()
+    };
+
+    let output = fetch("hf://org/tiny/model-Q8_0.gguf");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let file = std::path::PathBuf::from(stdout(&output).trim());
+    assert!(file.starts_with(dir.path().join("home/models/huggingface")), "{}", file.display());
+    assert_eq!(std::fs::read(&file).unwrap(), gguf);
+    assert!(seen.lock().unwrap().iter().all(|(_, auth)| auth == "Bearer hf_test_token"), "{:?}", seen.lock().unwrap());
+
+    // A repository without a file is a model directory; `tokenizer_config.json` may be absent.
+    let output = fetch("hf://org/tiny");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let directory = std::path::PathBuf::from(stdout(&output).trim());
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(directory.join(name).exists(), "{name} in {}", directory.display());
+    }
+
+    // A second fetch is served from the cache; a missing file is an error that names it.
+    let requests = seen.lock().unwrap().len();
+    assert!(fetch("hf://org/tiny/model-Q8_0.gguf").status.success());
+    assert_eq!(seen.lock().unwrap().len(), requests, "the cached file was fetched again");
+    let output = fetch("hf://org/tiny/missing.gguf");
+    assert_eq!(output.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("fetching `hf://org/tiny/missing.gguf`: missing.gguf:"), "{text}");
+}

@@ -15,15 +15,16 @@ pub enum RunError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A stage returned an error.
-    #[error("stage `{stage}` failed at step {step}: {source}")]
+    // The stage's message is part of this one, not a `source`: a cause chain printed in full
+    // would say it twice.
+    #[error("stage `{stage}` failed at step {step}: {error}")]
     Stage {
         /// The stage.
         stage: String,
         /// The step.
         step: u64,
         /// What it said.
-        #[source]
-        source: StageError,
+        error: StageError,
     },
     /// A stage returned a table with other columns than it declared (a bug in the stage).
     #[error("stage `{stage}` wrote table `{table}` with columns ({found}) but declares ({expected})")]

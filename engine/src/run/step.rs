@@ -164,10 +164,10 @@ async fn run_stage(
     };
     let fingerprint =
         fingerprint(instance.kind.as_str(), &instance.config, spec.seed, job.step, &instance.name, &input_records);
-    let outputs = instance.stage.run(&context, inputs).await.map_err(|source| RunError::Stage {
+    let outputs = instance.stage.run(&context, inputs).await.map_err(|error| RunError::Stage {
         stage: instance.name.clone(),
         step: job.step,
-        source,
+        error,
     })?;
 
     let declared = job.pipeline.outputs(index);

@@ -125,6 +125,18 @@ pub enum SpecError {
         /// The writers.
         stages: Vec<String>,
     },
+    /// Something the spec names outside the run (a file, a program, a server) is not there.
+    #[error("{}{}{why}; {how}", WhereFmt(location), KeyFmt(key))]
+    Unavailable {
+        /// Where the key was set.
+        location: Location,
+        /// The dotted key that names it.
+        key: String,
+        /// What was found instead.
+        why: String,
+        /// How to provide it.
+        how: String,
+    },
     /// A stage reads a table that several stages write.
     #[error("{}stages.{stage}: reads table `{table}`, which several stages write ({}); only a table with one writer can be read", WhereFmt(location), writers.join(", "))]
     SharedInput {

@@ -12,6 +12,7 @@ mod error;
 mod schedule;
 mod source;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_yaml::Value;
@@ -20,6 +21,7 @@ pub use self::error::{SpecError, SpecErrors};
 pub use self::schedule::Schedule;
 pub use self::source::{Location, SourceDoc};
 use crate::registry::{CORE_KEYS, Registry};
+use crate::requirement::{Requirement, Resource, SpecRequirement, is_provided};
 use crate::resources::Resources;
 use crate::stage::DynStage;
 
@@ -42,6 +44,8 @@ pub struct Spec {
     pub stages: Vec<StageInstance>,
     /// The typed sections, as resources.
     pub(crate) sections: Resources,
+    /// What the sections and stages need from outside the run, less what they provide.
+    pub requirements: Vec<SpecRequirement>,
     /// The merged document, `extends` resolved and overrides applied.
     pub resolved: Value,
 }
@@ -60,6 +64,13 @@ pub struct StageInstance {
     /// Its own config as written (no defaults), as JSON: for fingerprints and graphs.
     pub(crate) config: serde_json::Value,
     pub(crate) stage: Arc<dyn DynStage>,
+}
+
+impl StageInstance {
+    /// Its own config as written in the spec (no defaults), as JSON.
+    pub fn config(&self) -> &serde_json::Value {
+        &self.config
+    }
 }
 
 impl std::fmt::Debug for StageInstance {
@@ -140,14 +151,22 @@ impl Spec {
         };
 
         let mut sections = Resources::new();
+        let mut required: Vec<(String, Requirement)> = Vec::new();
+        let mut provided: Vec<PathBuf> = Vec::new();
         for section in &registry.sections {
             let Some(value) = top.get(section.key) else {
                 continue;
             };
-            if let Err(found) = (section.insert)(value.clone(), &mut sections) {
-                for problem in found {
-                    let key = join(section.key, &problem.key);
-                    problems.push(type_error(&key, problem.message));
+            match (section.insert)(value.clone(), &mut sections) {
+                Ok(needs) => {
+                    required.extend(needs.requirements.into_iter().map(|r| (section.key.to_string(), r)));
+                    provided.extend(needs.provides);
+                }
+                Err(found) => {
+                    for problem in found {
+                        let key = join(section.key, &problem.key);
+                        problems.push(type_error(&key, problem.message));
+                    }
                 }
             }
         }
@@ -183,8 +202,22 @@ impl Spec {
             Some(_) => problems.push(type_error("stages", "expected a mapping of stage names to stages".into())),
         }
 
+        for stage in &stages {
+            let prefix = format!("stages.{}", stage.name);
+            required.extend(stage.stage.requirements().into_iter().map(|r| (prefix.clone(), r)));
+            provided.extend(stage.stage.provides());
+        }
+        let requirements = required
+            .into_iter()
+            .filter(|(_, r)| !matches!(&r.resource, Resource::Path(path) if is_provided(path, &provided)))
+            .map(|(prefix, requirement)| {
+                let key = join(&prefix, &requirement.key);
+                SpecRequirement { location: source.locate(&key), key, requirement }
+            })
+            .collect();
+
         if problems.is_empty() {
-            Ok(Spec { name, description, seed, steps, stages, sections, resolved: source.value.clone() })
+            Ok(Spec { name, description, seed, steps, stages, sections, requirements, resolved: source.value.clone() })
         } else {
             Err(SpecErrors(problems))
         }

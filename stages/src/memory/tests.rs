@@ -242,11 +242,10 @@ fn snapshots_read_back_into_the_same_skills() {
 /// well-formed skills.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_model_distils_failures_into_well_formed_skills() {
-    let mistralrs = crate::policy::testing::smollm2(1).await;
     let candle = tokio::task::spawn_blocking(crate::policy::testing::smollm2_candle).await.unwrap();
-    for policy in [&mistralrs as &dyn crate::policy::Policy, &candle] {
-        distils_one_well_formed_skill(policy).await;
-    }
+    distils_one_well_formed_skill(&candle).await;
+    #[cfg(feature = "mistralrs")]
+    distils_one_well_formed_skill(&crate::policy::testing::smollm2(1).await).await;
 }
 
 async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {

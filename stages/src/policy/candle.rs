@@ -34,7 +34,7 @@ use tokenizers::Tokenizer;
 
 use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
-use super::{ChatMessage, ChatTemplate, Generation, GenerationRequest, Policy, PolicyError};
+use super::{ChatFormat, ChatMessage, Generation, GenerationRequest, Policy, PolicyError};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 /// A local llama-family GGUF model served by sesa's batched forward pass.
@@ -69,6 +69,8 @@ struct Inner {
     tokenizer: Tokenizer,
     /// Token ids that end a turn.
     stops: Vec<u32>,
+    /// The model's own chat template, or ChatML.
+    chat: ChatFormat,
     /// The grammar engine over this vocabulary, or why it could not be built (then requests with
     /// a JSON Schema are refused with that reason). Built on the first such request: most
     /// policies never need it.
@@ -95,7 +97,9 @@ impl CandlePolicy {
     pub fn load(path: &Path, config: &CandleConfig) -> Result<CandlePolicy, PolicyError> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
         let error = |message: String| PolicyError::Backend { name: name.clone(), message };
-        let ModelFiles { weights, tokenizer, stops, .. } = ModelFiles::read(path).map_err(error)?;
+        let files = ModelFiles::read(path).map_err(error)?;
+        let chat = files.chat_format(&name);
+        let ModelFiles { weights, tokenizer, stops, .. } = files;
         let model = LlamaModel::new(&weights);
         let inner = Arc::new(Inner {
             name: name.clone(),
@@ -104,6 +108,7 @@ impl CandlePolicy {
             version: AtomicU64::new(config.policy_version),
             tokenizer,
             stops,
+            chat,
             grammars: OnceLock::new(),
         });
         let (submit, submissions) = channel();
@@ -154,8 +159,18 @@ impl ModelFiles {
         let weights = LlamaWeights::from_gguf(&content, &mut file).map_err(|e| format!("{}: {e}", path.display()))?;
         let (tokenizer, stops) = tokenizer::from_gguf(&content).map_err(|e| format!("{}: {e}", path.display()))?;
         let bos = content.metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
-        let chat_template = content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
-        Ok(ModelFiles { weights, tokenizer, stops, bos, chat_template })
+        Ok(ModelFiles { weights, tokenizer, stops, bos, chat_template: gguf_chat_template(&content) })
+    }
+
+    /// How this model's prompts are rendered: its own template, or ChatML.
+    pub fn chat_format(&self, name: &str) -> ChatFormat {
+        let token = |id: Option<u32>| id.and_then(|id| self.tokenizer.id_to_token(id)).unwrap_or_default();
+        ChatFormat::from_model(
+            name,
+            self.chat_template.as_deref(),
+            &token(self.bos),
+            &token(self.stops.first().copied()),
+        )
     }
 
     fn read_hf(dir: &Path) -> Result<ModelFiles, String> {
@@ -183,7 +198,7 @@ impl ModelFiles {
         let chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-            .and_then(|c| c["chat_template"].as_str().map(str::to_string));
+            .and_then(|c| default_template(&c["chat_template"]));
         Ok(ModelFiles { weights, tokenizer, stops, bos: ids(&config["bos_token_id"]).first().copied(), chat_template })
     }
 
@@ -205,6 +220,50 @@ impl ModelFiles {
         let path = out.join("tokenizer_config.json");
         std::fs::write(&path, serde_json::to_string_pretty(&config).expect("plain JSON"))
             .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+/// A GGUF's chat template (`tokenizer.chat_template`).
+fn gguf_chat_template(content: &candle_core::quantized::gguf_file::Content) -> Option<String> {
+    content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned()
+}
+
+/// The chat format of the GGUF file at `path`, from its metadata alone (for backends that load
+/// the file themselves).
+pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
+    use candle_core::quantized::gguf_file::Value;
+    let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let content =
+        candle_core::quantized::gguf_file::Content::read(&mut file).map_err(|e| format!("{}: {e}", path.display()))?;
+    let token = |key: &str| -> String {
+        let id = content.metadata.get(key).and_then(|v| v.to_u32().ok());
+        let tokens = content.metadata.get("tokenizer.ggml.tokens").and_then(|v| v.to_vec().ok());
+        match (id, tokens) {
+            (Some(id), Some(tokens)) => match tokens.get(id as usize) {
+                Some(Value::String(token)) => token.clone(),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        }
+    };
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model");
+    Ok(ChatFormat::from_model(
+        name,
+        gguf_chat_template(&content).as_deref(),
+        &token("tokenizer.ggml.bos_token_id"),
+        &token("tokenizer.ggml.eos_token_id"),
+    ))
+}
+
+/// A `tokenizer_config.json`'s `chat_template`: a string, or a list of named templates of
+/// which the one named `default`.
+fn default_template(value: &serde_json::Value) -> Option<String> {
+    match value {
+        serde_json::Value::String(template) => Some(template.clone()),
+        serde_json::Value::Array(named) => {
+            named.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str().map(str::to_string))
+        }
+        _ => None,
     }
 }
 
@@ -242,8 +301,7 @@ impl Policy for CandlePolicy {
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {
-        // SmolLM2 (the default) and Qwen use ChatML.
-        ChatTemplate::Chatml.render(messages)
+        self.inner.chat.render(messages)
     }
 
     fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>> {

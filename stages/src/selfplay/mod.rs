@@ -17,7 +17,7 @@ pub use self::rules::{
     FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
 };
 pub use self::stages::{
-    Collect, Consolidate, Evaluate, Priming, Propose, Reward, Solve, Update, Verify, Warmup, metrics_batch,
-    train_with_sesa,
+    Collect, Consolidate, Evaluate, Priming, Propose, Reward, STEP_SUMMARY, Solve, Update, Verify, Warmup,
+    metrics_batch, train_with_sesa,
 };
 pub use self::training::{TrainerSection, Training};

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use sesa_engine::spec::Spec;
-use sesa_engine::{ArtifactStore, Resources, RunError, read_table};
+use sesa_engine::{ArtifactStore, ConfigProblem, Resources, RunError, Stage, read_table};
 
 use super::rules::FailureQueue;
-use super::stages::ExternalCheckpoint;
+use super::stages::{ExternalCheckpoint, Update, Warmup};
 use super::training::{TrainerSection, Training};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
@@ -189,6 +189,37 @@ impl LoopResources {
     pub fn with_training(mut self, training: Training) -> LoopResources {
         self.training = Some(Arc::new(training));
         self
+    }
+
+    /// Stages that train in process (`warmup`, `update` without an external trainer) while the
+    /// policy is not served in process: each would fail in its first step, after the step's
+    /// rollouts. Checked with a spec's other resources, before a run is created.
+    pub fn training_problems(spec: &Spec) -> Vec<ConfigProblem> {
+        let Some(model) = spec.section::<ModelSection>() else {
+            return Vec::new();
+        };
+        if matches!(*model, ModelSection::Candle(_)) {
+            return Vec::new();
+        }
+        let in_process = |stage: &sesa_engine::spec::StageInstance| match stage.kind.as_str() {
+            Warmup::KIND => true,
+            Update::KIND => stage.config().get("external").is_none_or(serde_json::Value::is_null),
+            _ => false,
+        };
+        spec.stages
+            .iter()
+            .filter(|stage| in_process(stage))
+            .map(|stage| {
+                ConfigProblem::new(
+                    format!("stages.{}", stage.name),
+                    format!(
+                        "`{}` trains in process, which needs `model: {{backend: candle}}`; with mistral.rs or an \
+                         OpenAI-compatible server, give `update` an `external:` trainer (README, \"External trainer\")",
+                        stage.kind
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// Opens everything the spec's sections describe: generates the world and builds the index

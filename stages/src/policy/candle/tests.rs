@@ -92,6 +92,7 @@ fn the_forward_pass_agrees_with_candle_quantized_llama() {
 }
 
 /// Both in-process backends must cut text into the same ids (trajectories record them).
+#[cfg(feature = "mistralrs")]
 #[tokio::test]
 async fn the_tokenizer_matches_mistralrs() {
     let candle = smollm2_candle();
@@ -310,4 +311,28 @@ async fn new_weights_are_served_from_the_next_request_without_stale_caches() {
     let mut other = weights;
     other.shape.layers += 1;
     assert!(policy.load_weights(&other, 5).unwrap_err().to_string().contains("shape"));
+}
+
+/// SmolLM2's own template (from its GGUF, and from an export's `tokenizer_config.json`)
+/// renders the loop's conversations exactly as ChatML does, so runs prompt it as before.
+#[test]
+fn smollm2_is_prompted_with_its_own_template() {
+    let messages = [
+        ChatMessage::new("system", "Search first."),
+        ChatMessage::new("user", "Question: Where?"),
+        ChatMessage::new("assistant", "<search>where</search>"),
+        ChatMessage::new("user", "Question: Who?"),
+    ];
+    let chatml = crate::policy::ChatTemplate::Chatml.render(&messages);
+    let files = ModelFiles::read(&smollm2_gguf()).unwrap();
+    let format = files.chat_format("smollm2");
+    assert!(format.is_model_template(), "the GGUF carries a usable template");
+    assert_eq!(format.render(&messages), chatml);
+
+    let exported = tempfile::tempdir().unwrap();
+    files.export(&files.weights, exported.path()).unwrap();
+    let reread = ModelFiles::read(exported.path()).unwrap().chat_format("export");
+    assert!(reread.is_model_template(), "the export keeps the template");
+    assert_eq!(reread.render(&messages), chatml);
+    assert!(gguf_chat_format(&smollm2_gguf()).unwrap().is_model_template());
 }

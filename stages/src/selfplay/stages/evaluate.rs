@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::solve::{Retrieval, retrieve};
 use super::verify::judge_answers;
@@ -25,7 +25,7 @@ use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
 use crate::data::metrics::{exact_match, f1_score};
 use crate::policy::{Policy, Sampling};
-use crate::search::{Bm25Index, Search};
+use crate::search::{Bm25Index, Search, bm25_requirements};
 use crate::sections::WorldSection;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 
@@ -199,11 +199,20 @@ impl Evaluate {
     }
 
     fn search(config: &BenchmarkConfig, selfplay: &SelfPlay) -> Result<Arc<dyn Search>, StageError> {
-        let world_corpus = config.world.as_ref().map(|w| w.dir.join("corpus.jsonl"));
-        let Some(corpus) = config.corpus.as_ref().or(world_corpus.as_ref()) else { return Ok(selfplay.search.clone()) };
-        let index = config.index.clone().unwrap_or_else(|| corpus.with_extension("index"));
-        let index = Bm25Index::open_or_build(corpus, &index).map_err(|e| failed("the benchmark's index", e))?;
+        let Some((corpus, index)) = config.corpus_and_index() else { return Ok(selfplay.search.clone()) };
+        let index = Bm25Index::open_or_build(&corpus, &index).map_err(|e| failed("the benchmark's index", e))?;
         Ok(Arc::new(Arc::new(index)))
+    }
+}
+
+impl BenchmarkConfig {
+    /// The corpus searched instead of the spec's backend (`corpus`, else the world's), and where
+    /// its index lives (`index`, else the corpus's path with the extension `.index`).
+    fn corpus_and_index(&self) -> Option<(PathBuf, PathBuf)> {
+        let world_corpus = self.world.as_ref().map(|w| w.dir.join("corpus.jsonl"));
+        let corpus = self.corpus.clone().or(world_corpus)?;
+        let index = self.index.clone().unwrap_or_else(|| corpus.with_extension("index"));
+        Some((corpus, index))
     }
 }
 
@@ -262,6 +271,30 @@ impl Stage for Evaluate {
 
     fn outputs(&self) -> Vec<TableSpec> {
         vec![Evaluate::evals_table(), metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        let mut requirements = Vec::new();
+        for (name, benchmark) in &self.config.benchmarks {
+            let key = |k: &str| format!("benchmarks.{name}.{k}");
+            if let Some(questions) = &benchmark.questions {
+                requirements.push(Requirement::path(
+                    key("questions"),
+                    questions,
+                    "name a question set: FlashRAG JSONL (`id`, `question`, `golden_answers`) or verl Parquet",
+                ));
+            }
+            if let Some((corpus, index)) = benchmark.corpus_and_index() {
+                requirements.extend(bm25_requirements(&key("index"), &index, &key("corpus"), Some(&corpus)));
+            }
+        }
+        requirements
+    }
+
+    fn provides(&self) -> Vec<PathBuf> {
+        let worlds = self.config.benchmarks.values().filter_map(|b| b.world.as_ref()).map(|w| w.dir.clone());
+        let indexes = self.config.benchmarks.values().filter_map(|b| b.corpus_and_index()).map(|(_, index)| index);
+        worlds.chain(indexes).collect()
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {

@@ -40,6 +40,20 @@ pub fn metrics_batch(stage: &str, rows: &[(&str, f64)]) -> Result<RecordBatch, A
         .finish()
 }
 
+/// The `step_metrics` that summarise a step of the loop, with a short title each: what
+/// `sesa run` prints per step when it ends.
+pub const STEP_SUMMARY: &[(&str, &str)] = &[
+    ("valid_rate", "valid"),
+    ("pass_rate", "verified"),
+    ("solver_success", "success"),
+    ("mean_p_hat", "mean p̂"),
+    ("frontier_share", "frontier"),
+    ("proposer_reward_mean", "prop.rew"),
+    ("bank_size", "bank"),
+    ("queue_length", "queue"),
+    ("tokens", "tokens"),
+];
+
 fn metrics_table() -> TableSpec {
     TableSpec::new("step_metrics", schema_of(|| metrics_batch("", &[])))
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
 use crate::memory::{SkillFile, events_batch, skills_batch};
@@ -36,6 +36,15 @@ impl Stage for Priming {
 
     fn outputs(&self) -> Vec<TableSpec> {
         vec![skills_table(), skill_events_table(), metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        vec![Requirement::path(
+            "skills",
+            &self.config.skills,
+            "name a skill file: `specs/skills/seed.yaml` (the paper's 15 seed skills) or an export of a run's bank \
+             (`sesa skills export RUN --out FILE`)",
+        )]
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {

@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::ArrowError;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, play, with_trajectories};
 use crate::agent::{Episode, Outcome, Role, Trajectory};
@@ -127,6 +127,18 @@ impl Stage for Propose {
 
     fn outputs(&self) -> Vec<TableSpec> {
         vec![Propose::proposals_table(), metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        let targets = self.config.targets.display();
+        vec![Requirement::path(
+            "targets",
+            &self.config.targets,
+            format!(
+                "write it from question sets with `sesa data targets QUESTIONS.jsonl … --out {targets}` (their \
+                 answers, each with a hop count), or name a generated world's `targets.jsonl` with a `world:` section"
+            ),
+        )]
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {

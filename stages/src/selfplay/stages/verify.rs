@@ -11,7 +11,7 @@ use arrow_schema::ArrowError;
 use rand::seq::{IndexedRandom, SliceRandom};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
 use crate::columns::{Columns, Reader, schema_of};
@@ -200,6 +200,19 @@ impl Stage for Verify {
 
     fn outputs(&self) -> Vec<TableSpec> {
         vec![Verify::verifications_table(), metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        let fallback = self.config.fallback_questions.iter();
+        fallback
+            .map(|path| {
+                Requirement::path(
+                    "fallback_questions",
+                    path,
+                    "name a FlashRAG JSONL question set, or remove the key to reuse earlier valid questions only",
+                )
+            })
+            .collect()
     }
 
     async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {

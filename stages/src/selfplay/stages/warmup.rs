@@ -10,7 +10,7 @@ use arrow_schema::ArrowError;
 use rand::seq::SliceRandom;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table};
 use crate::columns::{Columns, schema_of};
@@ -206,6 +206,25 @@ impl Stage for Warmup {
             None => checkpoints_table(),
         };
         vec![train_steps_table(), policy_versions_table(), checkpoints, metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        let world = self.config.world.iter().map(|world| {
+            Requirement::path(
+                "world.questions",
+                &world.questions,
+                "name a generated world's `questions.jsonl` (a `world:` section generates it on first use, as does \
+                 `sesa world generate`)",
+            )
+        });
+        let file = self.config.file.iter().map(|file| {
+            Requirement::path(
+                "file",
+                file,
+                "name a JSONL or Parquet file of demonstrations (rows of an earlier run's `rollouts` table)",
+            )
+        });
+        world.chain(file).collect()
     }
 
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {

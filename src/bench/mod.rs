@@ -1,0 +1,13 @@
+//! The `sesa` benchmarks, one module each: `index` (BM25 latency, throughput, recall),
+//! `rollouts` (the agent loop against replay and raw generation), `skills` (embedding and bank
+//! retrieval), `train` (a training step, beside PyTorch's).
+
+mod index;
+mod rollouts;
+mod skills;
+mod train;
+
+pub use self::index::bench_index;
+pub use self::rollouts::bench_rollouts;
+pub use self::skills::bench_skills;
+pub use self::train::bench_train;

@@ -1,0 +1,278 @@
+//! The mistral.rs engine behind the [`Policy`] trait (built with the `mistralrs` feature).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use mistralrs::core::{
+    AddModelConfig, AutoDeviceMapParams, DeviceMapSetting, EngineConfig, GGUFLoaderBuilder, GGUFSpecificConfig,
+    TokenSource,
+};
+use mistralrs::{
+    Constraint, CustomLogitsProcessor, DefaultSchedulerMethod, Device, ModelDType, NormalRequest, Request,
+    RequestMessage, Response, SamplingParams, SchedulerConfig, StopTokens, Tensor,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::policy::sampling::sample;
+use crate::policy::{
+    ChatFormat, ChatMessage, FinishReason, Generation, GenerationRequest, Policy, PolicyError, Sampling,
+};
+
+/// Samples one token with its own RNG and records what it picked.
+struct SeededSampler {
+    sampling: Sampling,
+    state: Mutex<SamplerState>,
+}
+
+struct SamplerState {
+    rng: ChaCha8Rng,
+    prompt_len: Option<usize>,
+    picks: Vec<(u32, f32)>,
+}
+
+impl SeededSampler {
+    fn new(sampling: Sampling, seed: u64) -> Self {
+        SeededSampler {
+            sampling,
+            state: Mutex::new(SamplerState {
+                rng: ChaCha8Rng::seed_from_u64(seed),
+                prompt_len: None,
+                picks: Vec::new(),
+            }),
+        }
+    }
+
+    fn picks(&self) -> Vec<(u32, f32)> {
+        self.state.lock().expect("sampler lock").picks.clone()
+    }
+}
+
+impl CustomLogitsProcessor for SeededSampler {
+    fn apply(&self, logits: &Tensor, context: &[u32]) -> mistralrs::Result<Tensor> {
+        let mut state = self.state.lock().expect("sampler lock");
+        let prompt_len = *state.prompt_len.get_or_insert(context.len());
+        let step = context.len().saturating_sub(prompt_len);
+        let values: Vec<f32> = logits.to_dtype(mistralrs::DType::F32)?.to_vec1()?;
+        let (chosen, logprob) = sample(&values, self.sampling, &mut state.rng);
+        // A grammar re-sample would call again for the same step: overwrite, do not append.
+        state.picks.truncate(step);
+        state.picks.push((chosen, logprob));
+        let mut masked = vec![f32::NEG_INFINITY; values.len()];
+        masked[chosen as usize] = 0.0;
+        Tensor::from_vec(masked, values.len(), logits.device())
+    }
+}
+
+/// mistral.rs behind the [`Policy`] trait.
+pub struct MistralRsPolicy {
+    name: String,
+    /// The GGUF's own chat template, or ChatML.
+    chat: ChatFormat,
+    instances: Vec<mistralrs::Model>,
+    free: Mutex<Vec<usize>>,
+    available: tokio::sync::Semaphore,
+}
+
+impl std::fmt::Debug for MistralRsPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MistralRsPolicy({}, {} instances)", self.name, self.instances.len())
+    }
+}
+
+fn backend_error(name: &str, message: impl std::fmt::Display) -> PolicyError {
+    PolicyError::Backend { name: name.to_string(), message: message.to_string() }
+}
+
+impl MistralRsPolicy {
+    /// Loads `instances` copies of the GGUF file at `path` on the CPU, in F32.
+    pub async fn load(path: &Path, instances: usize) -> Result<MistralRsPolicy, PolicyError> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+        let directory = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let directory = std::fs::canonicalize(&directory)
+            .map_err(|e| backend_error(&name, format!("{}: {e}", directory.display())))?;
+        let mut models = Vec::new();
+        for _ in 0..instances.max(1) {
+            let loader = GGUFLoaderBuilder::new(
+                None,
+                None,
+                directory.display().to_string(),
+                vec![name.clone()],
+                GGUFSpecificConfig { topology: None },
+                false,
+                None,
+            )
+            .build();
+            let pipeline = loader
+                .load_model_from_hf(
+                    None,
+                    TokenSource::None,
+                    &ModelDType::F32,
+                    &Device::Cpu,
+                    true,
+                    DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
+                    None,
+                    None,
+                )
+                .map_err(|e| backend_error(&name, format!("loading {}: {e}", path.display())))?;
+            let scheduler = SchedulerConfig::DefaultScheduler {
+                method: DefaultSchedulerMethod::Fixed(1.try_into().expect("1 is not zero")),
+            };
+            // The prefix cache makes a context's logits depend on what was computed before
+            // (chunked versus whole prefill), which breaks "same seed, same trajectory".
+            let engine =
+                EngineConfig { throughput_logging_enabled: false, no_prefix_cache: true, ..EngineConfig::default() };
+            models.push(
+                mistralrs::model_builder_trait::build_model_from_pipeline(
+                    pipeline,
+                    scheduler,
+                    AddModelConfig::new(engine),
+                )
+                .await,
+            );
+        }
+        let count = models.len();
+        let chat = crate::policy::candle::gguf_chat_format(path).map_err(|e| backend_error(&name, e))?;
+        Ok(MistralRsPolicy {
+            name,
+            chat,
+            instances: models,
+            free: Mutex::new((0..count).collect()),
+            available: tokio::sync::Semaphore::new(count),
+        })
+    }
+
+    async fn detokenize(&self, model: &mistralrs::Model, ids: &[u32]) -> Result<String, PolicyError> {
+        model.detokenize(ids.to_vec(), true).await.map_err(|e| backend_error(&self.name, e))
+    }
+
+    /// The text of `ids`, special tokens skipped.
+    pub async fn decode(&self, ids: &[u32]) -> Result<String, PolicyError> {
+        self.detokenize(&self.instances[0], ids).await
+    }
+
+    async fn continue_one(
+        &self,
+        model: &mistralrs::Model,
+        request: &GenerationRequest,
+    ) -> Result<Generation, PolicyError> {
+        if request.ignore_eos {
+            return Err(backend_error(
+                &self.name,
+                "mistral.rs cannot generate past end-of-sequence; use the candle or openai backend",
+            ));
+        }
+        let context = match &request.context_ids {
+            Some(ids) => ids.clone(),
+            None => model
+                .tokenize(either::Either::Right(request.context.clone()), None, false, false, None)
+                .await
+                .map_err(|e| backend_error(&self.name, e))?,
+        };
+        let sampler = Arc::new(SeededSampler::new(request.sampling, request.seed));
+        let mut sampling = SamplingParams::neutral();
+        sampling.temperature = Some(1.0);
+        // One token more than asked: a stop string is detected one token late.
+        sampling.max_len = Some(request.max_tokens + 1);
+        if !request.stop.is_empty() {
+            sampling.stop_toks = Some(StopTokens::Seqs(request.stop.clone()));
+        }
+        let (sender, mut receiver) = tokio::sync::mpsc::channel(1);
+        let inner = model.inner();
+        let normal = NormalRequest {
+            messages: RequestMessage::CompletionTokens(context),
+            sampling_params: sampling,
+            response: sender,
+            return_logprobs: false,
+            is_streaming: false,
+            id: inner.next_request_id(),
+            constraint: request.json_schema.clone().map_or(Constraint::None, Constraint::JsonSchema),
+            suffix: None,
+            tools: None,
+            tool_choice: None,
+            logits_processors: Some(vec![sampler.clone() as Arc<dyn CustomLogitsProcessor>]),
+            return_raw_logits: false,
+            web_search_options: None,
+            model_id: None,
+            truncate_sequence: false,
+        };
+        inner
+            .get_sender(None)
+            .map_err(|e| backend_error(&self.name, e))?
+            .send(Request::Normal(Box::new(normal)))
+            .await
+            .map_err(|e| backend_error(&self.name, e))?;
+        let engine_finish = match receiver.recv().await {
+            Some(Response::CompletionDone(done)) => {
+                done.choices.first().map(|c| c.finish_reason.clone()).unwrap_or_default()
+            }
+            Some(Response::InternalError(e)) | Some(Response::ValidationError(e)) => {
+                return Err(backend_error(&self.name, e));
+            }
+            Some(Response::CompletionModelError(message, _)) => return Err(backend_error(&self.name, message)),
+            Some(_) => return Err(backend_error(&self.name, "unexpected response kind")),
+            None => return Err(backend_error(&self.name, "the engine dropped the request")),
+        };
+        let mut picks = sampler.picks();
+        let mut finish = if engine_finish == "eos" { FinishReason::Eos } else { FinishReason::Length };
+        // Cut after the first token whose prefix text contains a stop string (binary search on
+        // the length of the prefix, since containing a stop string is monotone in it).
+        let ids: Vec<u32> = picks.iter().map(|(id, _)| *id).collect();
+        let full = self.detokenize(model, &ids).await?;
+        if request.stop.iter().any(|s| full.contains(s.as_str())) {
+            let (mut low, mut high) = (1, ids.len());
+            while low < high {
+                let middle = (low + high) / 2;
+                let prefix = self.detokenize(model, &ids[..middle]).await?;
+                if request.stop.iter().any(|s| prefix.contains(s.as_str())) { high = middle } else { low = middle + 1 }
+            }
+            picks.truncate(low);
+            finish = FinishReason::Stop;
+        } else if picks.len() > request.max_tokens {
+            picks.truncate(request.max_tokens);
+            finish = FinishReason::Length;
+        }
+        let ids: Vec<u32> = picks.iter().map(|(id, _)| *id).collect();
+        // The text is exactly what the ids decode to, even where the token that completes a
+        // stop string carries a character or two after it: ids and text must agree.
+        let text = self.detokenize(model, &ids).await?;
+        Ok(Generation { text, token_ids: Some(ids), logprobs: Some(picks.iter().map(|(_, lp)| *lp).collect()), finish })
+    }
+}
+
+impl Policy for MistralRsPolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> String {
+        self.chat.render(messages)
+    }
+
+    fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>> {
+        Box::pin(async move {
+            let ids = self.instances[0]
+                .tokenize(either::Either::Right(text.to_string()), None, false, false, None)
+                .await
+                .map_err(|e| backend_error(&self.name, e))?;
+            Ok(Some(ids))
+        })
+    }
+
+    fn generate<'a>(
+        &'a self,
+        requests: &'a [GenerationRequest],
+    ) -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>> {
+        Box::pin(async move {
+            let runs = requests.iter().map(|request| async move {
+                let _permit = self.available.acquire().await.map_err(|e| backend_error(&self.name, e))?;
+                let index = self.free.lock().expect("pool lock").pop().expect("a permit means a free instance");
+                let result = self.continue_one(&self.instances[index], request).await;
+                self.free.lock().expect("pool lock").push(index);
+                result
+            });
+            futures::future::join_all(runs).await.into_iter().collect()
+        })
+    }
+}
