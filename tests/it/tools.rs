@@ -91,10 +91,13 @@ fn serve_retriever_answers_the_search_r1_api() {
     insta::assert_snapshot!(String::from_utf8_lossy(&answer.stdout).trim(), @r#"{"contents": "\"Orla\"\nOrla is the capital of Veltria.", "id": "1"}"#);
 }
 
+/// What a stand-in server saw: each request's path and `authorization` header.
+type SeenRequests = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
 /// A stand-in for the Hugging Face Hub's file API (`GET /ORG/REPO/resolve/REVISION/FILE`, with
 /// byte ranges, the commit and etag headers hf-hub reads); records each request's path and
 /// `authorization` header.
-fn serve_hub(files: Vec<(&'static str, Vec<u8>)>) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>) {
+fn serve_hub(files: Vec<(&'static str, Vec<u8>)>) -> (u16, SeenRequests) {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

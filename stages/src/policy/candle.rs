@@ -230,6 +230,7 @@ fn gguf_chat_template(content: &candle_core::quantized::gguf_file::Content) -> O
 
 /// The chat format of the GGUF file at `path`, from its metadata alone (for backends that load
 /// the file themselves).
+#[cfg(any(test, feature = "mistralrs"))]
 pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
     use candle_core::quantized::gguf_file::Value;
     let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -43,4 +43,3 @@ pub struct MistralRsConfig {
 fn default_instances() -> usize {
     2
 }
-

@@ -10,9 +10,7 @@ use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::MAX_TOKENS;
 use crate::models;
-use crate::policy::{
-    CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError,
-};
+use crate::policy::{CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError};
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -141,6 +139,7 @@ pub async fn local_model(model: &str) -> Result<PathBuf, PolicyError> {
 }
 
 /// The GGUF file of a local model named in a spec, fetched into the model cache if needed.
+#[cfg(feature = "mistralrs")]
 async fn local_gguf(model: &str) -> Result<std::path::PathBuf, PolicyError> {
     let error = |message: String| PolicyError::Backend { name: model.to_string(), message };
     let path = models::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
