@@ -24,9 +24,7 @@ pub fn write_targets(questions: &[PathBuf], out: &Path, options: TargetOptions) 
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    let partial = out.with_extension("partial");
-    std::fs::write(&partial, text).with_context(|| format!("writing {}", partial.display()))?;
-    std::fs::rename(&partial, out).with_context(|| format!("moving {} to {}", partial.display(), out.display()))?;
+    sesa_engine::store::write_whole(out, text.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     println!(
         "{}: {} targets from {} questions ({} repeated answers and {} without one skipped)",
         out.display(),

@@ -6,6 +6,8 @@ use sesa_engine::manifest::{StepCommit, layout};
 use sesa_engine::{ArtifactStore, Progress, Run, RunOutcome, StopRequest};
 use tokio::sync::watch;
 
+use sesa_stages::selfplay::STEP_SUMMARY;
+
 use crate::cli::{EXIT_INTERRUPTED, split_run_location, truncate};
 
 /// Runs the remaining steps with Ctrl-C handling, then prints a summary.
@@ -49,7 +51,6 @@ pub(crate) async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
 
 /// The loop's numbers per step, from `step_metrics` (nothing for runs without it).
 async fn print_loop_summary(run: &Run) -> Result<()> {
-    const COLUMNS: &[(&str, &str)] = sesa_stages::selfplay::STEP_SUMMARY;
     let (root, run_id) = split_run_location(&run.location())?;
     let root = ArtifactStore::open(&root)?;
     let batches = sesa_engine::read_table(&root, &run_id, "step_metrics").await?;
@@ -82,17 +83,17 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
             }
         }
     }
-    if !steps.values().any(|row| COLUMNS.iter().any(|(metric, _)| row.contains_key(*metric))) {
+    if !steps.values().any(|row| STEP_SUMMARY.iter().any(|(metric, _)| row.contains_key(*metric))) {
         return Ok(());
     }
     let mut header = format!("{:>6}", "step");
-    for (_, title) in COLUMNS {
+    for (_, title) in STEP_SUMMARY {
         header.push_str(&format!(" {title:>9}"));
     }
     println!("{header}");
     for (step, row) in &steps {
         let mut line = format!("{step:>6}");
-        for (metric, _) in COLUMNS {
+        for (metric, _) in STEP_SUMMARY {
             let cell = match row.get(*metric) {
                 Some(value) if value.fract() == 0.0 => format!("{value:.0}"),
                 Some(value) => format!("{value:.3}"),

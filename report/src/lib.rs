@@ -71,9 +71,6 @@ pub async fn write_report(
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    let partial =
-        path.with_extension(format!("{}.partial", path.extension().and_then(|e| e.to_str()).unwrap_or_default()));
-    let failed = |source| ReportError::Write { path: path.to_path_buf(), source };
-    std::fs::write(&partial, bytes).map_err(failed)?;
-    std::fs::rename(&partial, path).map_err(failed)
+    sesa_engine::store::write_whole(path, bytes)
+        .map_err(|source| ReportError::Write { path: path.to_path_buf(), source })
 }

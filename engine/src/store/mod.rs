@@ -222,5 +222,15 @@ impl ArtifactStore {
     }
 }
 
+/// Writes `bytes` to the local file `path` whole or not at all: through `<path>.partial`, then
+/// a rename, so a reader (or a crash) never sees half a file. For files outside a store that
+/// other programs read: an external trainer's batch, a report, a targets file.
+pub fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, bytes)?;
+    std::fs::rename(&partial, path)
+}
+
 #[cfg(test)]
 mod tests;

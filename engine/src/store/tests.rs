@@ -117,3 +117,14 @@ fn unsupported_locations_are_refused_with_the_reason() {
     let error = ArtifactStore::open("gs://bucket/x").unwrap_err();
     insta::assert_snapshot!(error.to_string(), @"cannot open the artifact store `gs://bucket/x`: supported: a local directory, file://, s3:// or memory://");
 }
+
+#[test]
+fn write_whole_leaves_the_file_and_no_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("batch.parquet");
+    std::fs::write(&path, b"old").unwrap();
+    super::write_whole(&path, b"new bytes").unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"new bytes");
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["batch.parquet"]);
+}

@@ -11,7 +11,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use hf_hub::api::tokio::{ApiBuilder, ApiError};
+use hf_hub::api::tokio::ApiBuilder;
 use hf_hub::{Cache, Repo, RepoType};
 
 use super::ModelError;
@@ -68,22 +68,18 @@ impl HubReference {
         let revision = self.revision.clone().unwrap_or_else(|| "main".into());
         let repo = api.repo(Repo::with_revision(self.repo.clone(), RepoType::Model, revision));
         if let Some(file) = &self.file {
-            return repo.get(file).await.map_err(|e| error(describe(file, &e)));
+            return repo.get(file).await.map_err(|e| error(format!("{file}: {e}")));
         }
         let mut directory = None;
         for (file, required) in DIRECTORY_FILES {
             match repo.get(file).await {
                 Ok(path) => directory = path.parent().map(Path::to_path_buf),
-                Err(e) if required => return Err(error(describe(file, &e))),
+                Err(e) if required => return Err(error(format!("{file}: {e}"))),
                 Err(_) => {}
             }
         }
         directory.ok_or_else(|| error("no files".into()))
     }
-}
-
-fn describe(file: &str, error: &ApiError) -> String {
-    format!("{file}: {error}")
 }
 
 impl std::fmt::Display for HubReference {

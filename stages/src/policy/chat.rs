@@ -116,7 +116,7 @@ impl ChatFormat {
 
 impl ModelTemplate {
     /// Compiles `source` and checks it on a conversation of the loop's shape.
-    pub fn compile(source: &str, bos_token: &str, eos_token: &str) -> Result<ModelTemplate, String> {
+    fn compile(source: &str, bos_token: &str, eos_token: &str) -> Result<ModelTemplate, String> {
         let mut environment = Environment::new();
         // As transformers compiles chat templates.
         environment.set_trim_blocks(true);

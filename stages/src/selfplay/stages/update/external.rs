@@ -186,9 +186,7 @@ pub fn write_step(directory: &Path, batch: &RecordBatch, manifest: &Manifest) ->
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StageError> {
-    let partial = path.with_extension("partial");
-    std::fs::write(&partial, bytes).map_err(|e| io("writing", &partial, e))?;
-    std::fs::rename(&partial, path).map_err(|e| io("renaming", path, e))
+    sesa_engine::store::write_whole(path, bytes).map_err(|e| io("writing", path, e))
 }
 
 /// Runs `command` (the manifest's path appended) with the contract's environment, its output
