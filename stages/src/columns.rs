@@ -98,10 +98,9 @@ impl Columns {
         self.push(name, Arc::new(builder.finish()), false)
     }
 
-    /// Raw bytes (large values: a checkpoint's tensors).
-    pub fn bytes<'a>(self, name: &str, values: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let array: LargeBinaryArray = values.into_iter().map(Some).collect();
-        self.push(name, Arc::new(array), false)
+    /// Raw bytes, already in an array (large tensors: built once, never copied again).
+    pub fn bytes(self, name: &str, values: LargeBinaryArray) -> Self {
+        self.push(name, Arc::new(values), false)
     }
 
     /// The batch.
@@ -191,9 +190,9 @@ impl<'a> Reader<'a> {
             .collect()
     }
 
-    /// A raw-bytes column.
-    pub fn bytes(&self, name: &str) -> Result<Vec<&'a [u8]>, StageError> {
-        Ok(self.column::<LargeBinaryArray>(name)?.iter().map(|v| v.unwrap_or_default()).collect())
+    /// A raw-bytes column, shared with the batch (not copied).
+    pub fn bytes(&self, name: &str) -> Result<LargeBinaryArray, StageError> {
+        Ok(self.column::<LargeBinaryArray>(name)?.clone())
     }
 
     /// A list-of-text column.

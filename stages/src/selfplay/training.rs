@@ -11,7 +11,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::builder::LargeBinaryBuilder;
+use arrow_array::{LargeBinaryArray, RecordBatch};
 use arrow_schema::ArrowError;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -238,8 +239,10 @@ pub fn checkpoints_table() -> TableSpec {
 }
 
 /// The tensors of one policy version: what is trained and the optimizer's moments, as the
-/// little-endian F32 bytes the table stores (converted once, hashed and written as they are).
-#[derive(Debug, Default)]
+/// little-endian F32 bytes the table stores. They are written once into the Arrow array the
+/// table is made of, and read back from it in place: a checkpoint of SmolLM2-135M is 1.6 GB,
+/// and each copy of it would add as much to a training run's peak memory.
+#[derive(Debug)]
 pub struct Checkpoint {
     /// The version.
     pub version: u64,
@@ -251,12 +254,24 @@ pub struct Checkpoint {
     pub optimizer_stage: String,
     /// The proposer's reward baseline.
     pub proposer_baseline: Option<f64>,
-    /// (name, bytes) of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
-    pub tensors: Vec<(String, Vec<u8>)>,
+    /// The name of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
+    pub names: Vec<String>,
+    /// Their bytes, one value per name.
+    values: LargeBinaryArray,
 }
 
-fn to_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            version: 0,
+            adam_step: 0,
+            tokens_trained: 0,
+            optimizer_stage: String::new(),
+            proposer_baseline: None,
+            names: Vec::new(),
+            values: LargeBinaryBuilder::new().finish(),
+        }
+    }
 }
 
 /// Overwrites `target` with the F32 values of `bytes`, which must be as many.
@@ -276,11 +291,21 @@ impl Checkpoint {
         let model = &state.trainer.model;
         let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
         let adam = &state.trainer.adam;
-        let mut tensors = Vec::new();
-        for (prefix, group) in
-            [(kind, model.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())]
-        {
-            tensors.extend(group.into_iter().enumerate().map(|(i, t)| (format!("{prefix}.{i}"), to_bytes(t))));
+        let groups: [(&str, Vec<&Vec<f32>>); 3] =
+            [(kind, model.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
+        let count = groups.iter().map(|(_, tensors)| tensors.len()).sum();
+        let bytes = groups.iter().flat_map(|(_, tensors)| tensors.iter().map(|t| 4 * t.len())).sum();
+        let mut names = Vec::with_capacity(count);
+        let mut values = LargeBinaryBuilder::with_capacity(count, bytes);
+        // One tensor's bytes at a time: the scratch is as large as the largest tensor.
+        let mut scratch = Vec::new();
+        for (prefix, tensors) in &groups {
+            for (i, tensor) in tensors.iter().enumerate() {
+                names.push(format!("{prefix}.{i}"));
+                scratch.clear();
+                scratch.extend(tensor.iter().flat_map(|v| v.to_le_bytes()));
+                values.append_value(&scratch);
+            }
         }
         Checkpoint {
             version: state.version,
@@ -288,63 +313,71 @@ impl Checkpoint {
             tokens_trained: state.tokens_trained,
             optimizer_stage: state.optimizer_stage.clone(),
             proposer_baseline: state.proposer_baseline,
-            tensors,
+            names,
+            values: values.finish(),
         }
+    }
+
+    /// The tensors, by name.
+    fn tensors(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.names.iter().map(String::as_str).zip(self.values.iter().map(Option::unwrap_or_default))
     }
 
     /// SHA-256 of the tensors' bytes and their total size.
     pub fn digest(&self) -> (String, u64) {
         let mut hasher = Sha256::new();
-        for (_, bytes) in &self.tensors {
+        let mut size = 0;
+        for (_, bytes) in self.tensors() {
             hasher.update(bytes);
+            size += bytes.len() as u64;
         }
-        (format!("{:x}", hasher.finalize()), self.tensors.iter().map(|(_, b)| b.len() as u64).sum())
+        (format!("{:x}", hasher.finalize()), size)
     }
 
-    /// As a table.
+    /// As a table (sharing the tensors' bytes).
     pub fn batch(&self) -> Result<RecordBatch, ArrowError> {
+        let rows = || self.names.iter();
         Columns::default()
-            .u64("version", self.tensors.iter().map(|_| self.version))
-            .u64("adam_step", self.tensors.iter().map(|_| self.adam_step))
-            .u64("tokens_trained", self.tensors.iter().map(|_| self.tokens_trained))
-            .str("optimizer_stage", self.tensors.iter().map(|_| self.optimizer_stage.as_str()))
-            .opt_f64("proposer_baseline", self.tensors.iter().map(|_| self.proposer_baseline))
-            .str("tensor", self.tensors.iter().map(|(n, _)| n.as_str()))
-            .bytes("values", self.tensors.iter().map(|(_, b)| b.as_slice()))
+            .u64("version", rows().map(|_| self.version))
+            .u64("adam_step", rows().map(|_| self.adam_step))
+            .u64("tokens_trained", rows().map(|_| self.tokens_trained))
+            .str("optimizer_stage", rows().map(|_| self.optimizer_stage.as_str()))
+            .opt_f64("proposer_baseline", rows().map(|_| self.proposer_baseline))
+            .str("tensor", rows().map(String::as_str))
+            .bytes("values", self.values.clone())
             .finish()
     }
 
-    /// From a table.
+    /// From a table (sharing its bytes).
     pub fn read(batch: &RecordBatch) -> Result<Checkpoint, StageError> {
         let reader = Reader::new("checkpoints", batch);
         let first = |column: &str| -> Result<u64, StageError> { Ok(reader.u64(column)?.first().copied().unwrap_or(0)) };
-        let names = reader.str("tensor")?;
-        let values = reader.bytes("values")?;
         Ok(Checkpoint {
             version: first("version")?,
             adam_step: first("adam_step")?,
             tokens_trained: first("tokens_trained")?,
             optimizer_stage: reader.str("optimizer_stage")?.first().map_or(String::new(), |s| s.to_string()),
             proposer_baseline: reader.opt_f64("proposer_baseline")?.first().copied().flatten(),
-            tensors: names.iter().zip(values).map(|(name, bytes)| (name.to_string(), bytes.to_vec())).collect(),
+            names: reader.str("tensor")?.iter().map(|name| name.to_string()).collect(),
+            values: reader.bytes("values")?,
         })
     }
 
     /// Puts the trained tensors into `model` (lengths checked); returns the optimizer's.
-    fn apply_to_model<'a>(&'a self, model: &mut TrainModel) -> Result<&'a [(String, Vec<u8>)], String> {
+    fn apply_to_model<'a>(&'a self, model: &mut TrainModel) -> Result<Vec<(&'a str, &'a [u8])>, String> {
         let targets = model.trained_mut();
-        if self.tensors.len() < targets.len() {
+        if self.names.len() < targets.len() {
             return Err(format!(
                 "{} tensors, fewer than the {} trained here (another method or model?)",
-                self.tensors.len(),
+                self.names.len(),
                 targets.len()
             ));
         }
-        let (trained, rest) = self.tensors.split_at(targets.len());
-        for (target, (name, bytes)) in targets.into_iter().zip(trained) {
+        let mut tensors = self.tensors();
+        for (target, (name, bytes)) in targets.into_iter().zip(tensors.by_ref()) {
             fill_from(target, bytes, name)?;
         }
-        Ok(rest)
+        Ok(tensors.collect())
     }
 
     /// Puts the checkpoint's tensors into `state` (shapes checked).
@@ -484,6 +517,25 @@ mod tests {
             proposer_baseline: None,
             reference: None,
         }
+    }
+
+    #[test]
+    fn a_checkpoints_digest_covers_every_tensors_little_endian_bytes_in_order() {
+        let saved = state(3);
+        let checkpoint = Checkpoint::of(&saved);
+        let model = &saved.trainer.model;
+        let adam = &saved.trainer.adam;
+        let tensors: Vec<&Vec<f32>> = model.trained().into_iter().chain(&adam.m).chain(&adam.v).collect();
+        let bytes: Vec<u8> = tensors.iter().flat_map(|t| t.iter().flat_map(|v| v.to_le_bytes())).collect();
+        assert_eq!(checkpoint.digest(), (format!("{:x}", Sha256::digest(&bytes)), bytes.len() as u64));
+        assert_eq!(checkpoint.names.len(), tensors.len());
+        assert_eq!(
+            (checkpoint.names[0].as_str(), checkpoint.names.last().unwrap().starts_with("adam_v.")),
+            ("weights.0", true)
+        );
+        // Read back from its table, it shares the table's bytes and digests the same.
+        let batch = checkpoint.batch().unwrap();
+        assert_eq!(Checkpoint::read(&batch).unwrap().digest(), checkpoint.digest());
     }
 
     #[test]
