@@ -30,11 +30,12 @@ const SPECS: [&str; 5] =
 /// Toy-scale overrides of a paper spec: three steps of four proposals, distillation every
 /// second step with skills from step 2, updates by a stand-in external trainer (the scripted
 /// policy does not learn, but every update is a policy version), and evaluations at the last
-/// step.
+/// step, after its update (a stage beside `update` would see whichever version was served when
+/// it ran).
 fn overrides(spec: &str, questions: &Path, trainer: &Path, batches: &Path) -> Vec<String> {
     let benchmark = format!("{{codes: {{questions: {}}}}}", questions.display());
     let evaluate = |mode: &str| {
-        format!("{{kind: evaluate, after: [reward], schedule: at_end, mode: {mode}, benchmarks: {benchmark}}}")
+        format!("{{kind: evaluate, after: [update], schedule: at_end, mode: {mode}, benchmarks: {benchmark}}}")
     };
     let mut set = vec![
         "steps=3".to_string(),

@@ -291,6 +291,7 @@ fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
     let targets = dir.path().join("targets.jsonl");
     let overrides = [
         format!("model.base_url=http://127.0.0.1:{served}/v1"),
+        format!("model.chat_template={{from: {}}}", dir.path().join("qwen3").display()),
         format!("judge.base_url=http://127.0.0.1:{closed}/v1"),
         format!("search.backend.url=http://127.0.0.1:{closed}/retrieve"),
         format!("stages.propose.targets={}", targets.display()),
@@ -317,8 +318,9 @@ fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
     let output = sesa(&command("validate", &[]));
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     insta::assert_snapshot!(stderr(&output), @"
-    error: the spec has 4 problems:
+    error: the spec has 5 problems:
       - --set model.base_url=http://127.0.0.1:[SERVED]/v1: model.base_url: http://127.0.0.1:[SERVED]/v1/models serves `Qwen/Qwen2.5-7B`, not `Qwen/Qwen3-4B`; start an OpenAI-compatible server that serves `Qwen/Qwen3-4B` at http://127.0.0.1:[SERVED]/v1 (vLLM: `vllm serve Qwen/Qwen3-4B`, SGLang: `python -m sglang.launch_server --model-path Qwen/Qwen3-4B`), or set this key to the URL of yours
+      - --set model.chat_template={from: [DIR]/qwen3}: model.chat_template.from: `[DIR]/qwen3` does not exist; name the served model's Hugging Face directory, its tokenizer_config.json, its GGUF file, or hf://ORG/REPO
       - --set search.backend.url=http://127.0.0.1:[CLOSED]/retrieve: search.backend.url: nothing answers at http://127.0.0.1:[CLOSED]/retrieve (cannot connect); start a retriever there: Search-R1's `retrieval_server.py` over wiki-18, or `sesa serve-retriever --index DIR` over a BM25 index (`sesa index build`)
       - --set judge.base_url=http://127.0.0.1:[CLOSED]/v1: judge.base_url: nothing answers at http://127.0.0.1:[CLOSED]/v1/models (cannot connect); start an OpenAI-compatible server that serves `judge` at http://127.0.0.1:[CLOSED]/v1 (vLLM: `vllm serve judge`, SGLang: `python -m sglang.launch_server --model-path judge`), or set this key to the URL of yours
       - --set stages.propose.targets=[DIR]/targets.jsonl: stages.propose.targets: `[DIR]/targets.jsonl` does not exist; write it from question sets with `sesa data targets QUESTIONS.jsonl … --out [DIR]/targets.jsonl` (their answers, each with a hop count), or name a generated world's `targets.jsonl` with a `world:` section
@@ -359,7 +361,7 @@ fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
     let output = sesa(&command("run", &["--store".into(), store.display().to_string()]));
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let text = stderr(&output);
-    assert!(text.contains("the spec has 3 problems"), "{text}");
+    assert!(text.contains("the spec has 4 problems"), "{text}");
     assert!(!text.contains("stages.propose.targets"), "{text}");
     assert!(!store.exists(), "no run is created while resources are missing");
 }

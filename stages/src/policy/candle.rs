@@ -198,7 +198,7 @@ impl ModelFiles {
         let chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
             .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-            .and_then(|c| default_template(&c["chat_template"]));
+            .and_then(|c| super::chat::tokenizer_config_template(&c));
         Ok(ModelFiles { weights, tokenizer, stops, bos: ids(&config["bos_token_id"]).first().copied(), chat_template })
     }
 
@@ -230,7 +230,6 @@ fn gguf_chat_template(content: &candle_core::quantized::gguf_file::Content) -> O
 
 /// The chat format of the GGUF file at `path`, from its metadata alone (for backends that load
 /// the file themselves).
-#[cfg(any(test, feature = "mistralrs"))]
 pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
     use candle_core::quantized::gguf_file::Value;
     let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -254,18 +253,6 @@ pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
         &token("tokenizer.ggml.bos_token_id"),
         &token("tokenizer.ggml.eos_token_id"),
     ))
-}
-
-/// A `tokenizer_config.json`'s `chat_template`: a string, or a list of named templates of
-/// which the one named `default`.
-fn default_template(value: &serde_json::Value) -> Option<String> {
-    match value {
-        serde_json::Value::String(template) => Some(template.clone()),
-        serde_json::Value::Array(named) => {
-            named.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str().map(str::to_string))
-        }
-        _ => None,
-    }
 }
 
 /// llguidance's grammar engine over the vocabulary of `tokenizer`, with `stops` as end of

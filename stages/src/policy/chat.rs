@@ -67,6 +67,15 @@ pub enum ChatFormat {
     Model(Arc<ModelTemplate>),
 }
 
+impl std::fmt::Debug for ChatFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ChatFormat::Chatml => "ChatFormat::Chatml",
+            ChatFormat::Model(_) => "ChatFormat::Model",
+        })
+    }
+}
+
 /// A model's Jinja template, compiled, with the special tokens it may print.
 pub struct ModelTemplate {
     environment: Environment<'static>,
@@ -88,13 +97,30 @@ impl ChatFormat {
             tracing::warn!(model, "the model has no chat template: prompting it with ChatML");
             return ChatFormat::Chatml;
         };
-        match ModelTemplate::compile(source, bos_token, eos_token) {
-            Ok(template) => ChatFormat::Model(Arc::new(template)),
+        match ChatFormat::compile(source, bos_token, eos_token) {
+            Ok(format) => format,
             Err(error) => {
                 tracing::warn!(model, %error, "the model's chat template cannot render a conversation: prompting it with ChatML");
                 ChatFormat::Chatml
             }
         }
+    }
+
+    /// The template `source`, or why it cannot render the loop's conversations.
+    pub fn compile(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatFormat, String> {
+        ModelTemplate::compile(source, bos_token, eos_token).map(|template| ChatFormat::Model(Arc::new(template)))
+    }
+
+    /// The template of a Hugging Face `tokenizer_config.json`, with its special tokens; `None`
+    /// when it has no `chat_template`.
+    pub fn from_tokenizer_config(config: &serde_json::Value) -> Option<Result<ChatFormat, String>> {
+        let source = tokenizer_config_template(config)?;
+        // A special token is written as its text or as an added token's `{"content": …}`.
+        let token = |key: &str| match &config[key] {
+            serde_json::Value::String(text) => text.clone(),
+            value => value["content"].as_str().unwrap_or_default().to_string(),
+        };
+        Some(ChatFormat::compile(&source, &token("bos_token"), &token("eos_token")))
     }
 
     /// Renders `messages` and opens the assistant's turn.
@@ -163,6 +189,18 @@ impl ModelTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         })
+    }
+}
+
+/// A `tokenizer_config.json`'s `chat_template`: a string, or a list of named templates of
+/// which the one named `default`.
+pub fn tokenizer_config_template(config: &serde_json::Value) -> Option<String> {
+    match &config["chat_template"] {
+        serde_json::Value::String(template) => Some(template.clone()),
+        serde_json::Value::Array(named) => {
+            named.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str().map(str::to_string))
+        }
+        _ => None,
     }
 }
 

@@ -22,7 +22,7 @@ pub use self::chat::{ChatFormat, ChatMessage, ChatTemplate};
 pub use self::mistralrs::MistralRsConfig;
 #[cfg(feature = "mistralrs")]
 pub use self::mistralrs::MistralRsPolicy;
-pub use self::openai::{OpenAiConfig, OpenAiPolicy};
+pub use self::openai::{OpenAiConfig, OpenAiPolicy, ServerTemplate};
 pub use self::scripted::ScriptedPolicy;
 
 /// How to sample. `temperature == 0` means greedy.

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{ChatMessage, ChatTemplate, FinishReason, Generation, GenerationRequest, Policy, PolicyError};
+use super::{ChatFormat, ChatMessage, FinishReason, Generation, GenerationRequest, Policy, PolicyError};
 use crate::retry::{Attempt, with_retries};
 
 /// An OpenAI-compatible server, as a spec names it.
@@ -29,9 +29,10 @@ pub struct OpenAiConfig {
     /// The environment variable holding the API key, if the server needs one.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// How messages become the prompt text.
-    #[serde(default = "chatml")]
-    pub chat_template: ChatTemplate,
+    /// How messages become the prompt text: `chatml`, or the template of the model the server
+    /// serves, `{from: REF}`.
+    #[serde(default)]
+    pub chat_template: ServerTemplate,
     /// Seconds before a request is abandoned.
     #[serde(default = "default_timeout")]
     pub timeout_secs: f64,
@@ -45,9 +46,52 @@ pub struct OpenAiConfig {
     pub max_concurrency: usize,
 }
 
-fn chatml() -> ChatTemplate {
-    ChatTemplate::Chatml
+/// The chat template of a server's prompts. The server receives raw text, so sesa renders the
+/// conversation itself, with the template the served model was trained on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerTemplate {
+    /// `<|im_start|>{role}\n{content}<|im_end|>\n` (SmolLM2, Qwen).
+    #[default]
+    Chatml,
+    /// The model's own template, read from `hf://ORG/REPO[@REVISION]` (only its
+    /// `tokenizer_config.json` is fetched), a Hugging Face model directory, a
+    /// `tokenizer_config.json`, or a GGUF file: what the server was started with.
+    From(String),
 }
+
+impl ServerTemplate {
+    /// The chat format this names; an error says which file lacks a usable template.
+    pub async fn load(&self) -> Result<ChatFormat, String> {
+        let reference = match self {
+            ServerTemplate::Chatml => return Ok(ChatFormat::Chatml),
+            ServerTemplate::From(reference) => reference,
+        };
+        let path = match crate::models::HubReference::parse(reference) {
+            Some(Ok(mut hub)) => {
+                hub.file.get_or_insert_with(|| "tokenizer_config.json".into());
+                hub.fetch(&crate::models::sesa_home()).await.map_err(|e| e.to_string())?
+            }
+            Some(Err(message)) => return Err(message),
+            None => std::path::PathBuf::from(reference),
+        };
+        let path = if path.is_dir() { path.join("tokenizer_config.json") } else { path };
+        if path.extension().is_some_and(|x| x == "gguf") {
+            let format = super::candle::gguf_chat_format(&path)?;
+            return match format.is_model_template() {
+                true => Ok(format),
+                false => Err(format!("{}: no chat template that renders a conversation", path.display())),
+            };
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+        ChatFormat::from_tokenizer_config(&config)
+            .ok_or_else(|| format!("{}: no `chat_template`", path.display()))?
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
 fn default_timeout() -> f64 {
     300.0
 }
@@ -70,6 +114,8 @@ pub struct OpenAiPolicy {
     in_flight: tokio::sync::Semaphore,
     /// The policy version the server holds, as an external trainer's updates report it.
     version: AtomicU64,
+    /// How conversations become prompts.
+    format: ChatFormat,
 }
 
 #[derive(Deserialize)]
@@ -97,9 +143,11 @@ struct ChoiceLogprobs {
 }
 
 impl OpenAiPolicy {
-    /// A client for `config`; reads the API key from the named environment variable.
-    pub fn new(config: OpenAiConfig) -> Result<OpenAiPolicy, PolicyError> {
+    /// A client for `config`; reads the API key from the named environment variable and loads
+    /// the chat template.
+    pub async fn new(config: OpenAiConfig) -> Result<OpenAiPolicy, PolicyError> {
         let error = |message: String| PolicyError::Backend { name: config.model.clone(), message };
+        let format = config.chat_template.load().await.map_err(|e| error(format!("`chat_template`: {e}")))?;
         let api_key =
             match &config.api_key_env {
                 Some(variable) => Some(std::env::var(variable).map_err(|_| {
@@ -119,6 +167,7 @@ impl OpenAiPolicy {
             no_tokenizer: AtomicBool::new(false),
             in_flight,
             version: AtomicU64::new(0),
+            format,
         })
     }
 
@@ -253,7 +302,7 @@ impl Policy for OpenAiPolicy {
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {
-        self.config.chat_template.render(messages)
+        self.format.render(messages)
     }
 
     fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>> {

@@ -10,7 +10,9 @@ use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::MAX_TOKENS;
 use crate::models;
-use crate::policy::{CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError};
+use crate::policy::{
+    CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, ServerTemplate,
+};
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -48,6 +50,11 @@ impl Section for ModelSection {
                 .collect(),
             ModelSection::Openai(config) => {
                 let mut problems = Vec::new();
+                if let ServerTemplate::From(reference) = &config.chat_template
+                    && let Some(Err(message)) = models::HubReference::parse(reference)
+                {
+                    problems.push(ConfigProblem::new("chat_template.from", message));
+                }
                 if !config.base_url.starts_with("http://") && !config.base_url.starts_with("https://") {
                     problems.push(ConfigProblem::new("base_url", "must be an http:// or https:// URL"));
                 }
@@ -59,7 +66,20 @@ impl Section for ModelSection {
 
     fn requirements(&self) -> Vec<Requirement> {
         match self {
-            ModelSection::Openai(config) => vec![model_server(config)],
+            ModelSection::Openai(config) => {
+                let mut requirements = vec![model_server(config)];
+                if let ServerTemplate::From(reference) = &config.chat_template
+                    && models::HubReference::parse(reference).is_none()
+                {
+                    requirements.push(Requirement::path(
+                        "chat_template.from",
+                        reference,
+                        "name the served model's Hugging Face directory, its tokenizer_config.json, its GGUF file, \
+                         or hf://ORG/REPO",
+                    ));
+                }
+                requirements
+            }
             // A local model is checked with the spec: a file, or a known name fetched on use.
             ModelSection::Mistralrs(_) | ModelSection::Candle(_) => Vec::new(),
         }
@@ -123,7 +143,7 @@ impl ModelSection {
                     .map_err(|e| PolicyError::Backend { name: "candle".into(), message: e.to_string() })?
                     .map(|policy| Arc::new(policy) as Arc<dyn Policy>)
             }
-            ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone())?)),
+            ModelSection::Openai(config) => Ok(Arc::new(OpenAiPolicy::new(config.clone()).await?)),
         }
     }
 }

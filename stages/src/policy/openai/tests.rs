@@ -54,7 +54,7 @@ fn config(base_url: String) -> OpenAiConfig {
         base_url,
         model: "fake".into(),
         api_key_env: None,
-        chat_template: ChatTemplate::Chatml,
+        chat_template: ServerTemplate::Chatml,
         timeout_secs: 5.0,
         retries: 0,
         max_concurrency: 4,
@@ -85,7 +85,7 @@ async fn a_vllm_like_server_gives_exact_tokens() {
     let url =
         serve(Router::new().route("/v1/completions", post(vllm_completions)).route("/tokenize", post(vllm_tokenize)))
             .await;
-    let policy = OpenAiPolicy::new(config(url)).unwrap();
+    let policy = OpenAiPolicy::new(config(url)).await.unwrap();
     for trajectory in solve(&policy).await {
         assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
         assert!(trajectory.tokens_exact);
@@ -103,7 +103,7 @@ async fn a_vllm_like_server_gives_exact_tokens() {
 #[tokio::test]
 async fn a_plain_server_works_and_the_trajectory_says_tokens_are_inexact() {
     let url = serve(Router::new().route("/v1/completions", post(plain_completions))).await;
-    let policy = OpenAiPolicy::new(config(url)).unwrap();
+    let policy = OpenAiPolicy::new(config(url)).await.unwrap();
     for trajectory in solve(&policy).await {
         assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()), "SSP's rule closes the open tag");
         assert!(!trajectory.tokens_exact);
@@ -115,7 +115,7 @@ async fn an_unreachable_server_is_named() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     drop(listener);
-    let policy = OpenAiPolicy::new(config(url.clone())).unwrap();
+    let policy = OpenAiPolicy::new(config(url.clone())).await.unwrap();
     let request = GenerationRequest {
         context: "hi".into(),
         context_ids: None,
@@ -130,11 +130,11 @@ async fn an_unreachable_server_is_named() {
     assert!(error.contains(&format!("{url}/completions is unreachable")), "{error}");
 }
 
-#[test]
-fn a_missing_api_key_variable_is_named() {
+#[tokio::test]
+async fn a_missing_api_key_variable_is_named() {
     let mut config = config("http://127.0.0.1:9/v1".into());
     config.api_key_env = Some("SESA_TEST_SURELY_UNSET_KEY".into());
-    let error = OpenAiPolicy::new(config).unwrap_err().to_string();
+    let error = OpenAiPolicy::new(config).await.unwrap_err().to_string();
     assert!(error.contains("SESA_TEST_SURELY_UNSET_KEY"), "{error}");
 }
 
@@ -157,7 +157,7 @@ async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
         }),
     );
     let url = serve(app).await;
-    let policy = OpenAiPolicy::new(OpenAiConfig { retries: 2, ..config(url) }).unwrap();
+    let policy = OpenAiPolicy::new(OpenAiConfig { retries: 2, ..config(url) }).await.unwrap();
     let request = GenerationRequest {
         context: "What is the capital of Veltria?".into(),
         context_ids: None,
@@ -175,4 +175,52 @@ async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
     assert!(generation.text.contains("capital of Veltria"), "{}", generation.text);
     // The first pause alone would be at most 0.5 s; the server asked for a second.
     assert!(waited >= std::time::Duration::from_secs(1), "retried after {waited:?}");
+}
+
+/// Llama 3 Instruct's template, as its `tokenizer_config.json` holds it (the BOS token as an
+/// added token's object).
+const LLAMA3_TOKENIZER_CONFIG: &str = r#"{
+  "bos_token": {"content": "<|begin_of_text|>", "special": true},
+  "eos_token": "<|eot_id|>",
+  "chat_template": "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+}"#;
+
+#[tokio::test]
+async fn a_served_models_own_template_renders_the_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer_config.json"), LLAMA3_TOKENIZER_CONFIG).unwrap();
+    let messages = [ChatMessage::new("system", "Search first."), ChatMessage::new("user", "Question: Who?")];
+    let expected = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nSearch first.<|eot_id|>\
+                    <|start_header_id|>user<|end_header_id|>\n\nQuestion: Who?<|eot_id|>\
+                    <|start_header_id|>assistant<|end_header_id|>\n\n";
+    // The model's directory, or its tokenizer_config.json.
+    for from in [dir.path().to_path_buf(), dir.path().join("tokenizer_config.json")] {
+        let config = OpenAiConfig {
+            chat_template: ServerTemplate::From(from.display().to_string()),
+            ..config("http://127.0.0.1:9/v1".into())
+        };
+        let policy = OpenAiPolicy::new(config).await.unwrap();
+        assert_eq!(policy.render_chat(&messages), expected, "from {}", from.display());
+    }
+    // The default stays ChatML.
+    let policy = OpenAiPolicy::new(config("http://127.0.0.1:9/v1".into())).await.unwrap();
+    assert!(policy.render_chat(&messages).starts_with("<|im_start|>system\nSearch first.<|im_end|>\n"));
+}
+
+#[tokio::test]
+async fn a_template_that_cannot_be_read_is_an_error_that_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"eos_token": "</s>"}"#).unwrap();
+    let missing = dir.path().join("nowhere").join("tokenizer_config.json");
+    for (from, why) in [(dir.path().to_path_buf(), "no `chat_template`"), (missing.clone(), "")] {
+        let config = OpenAiConfig {
+            chat_template: ServerTemplate::From(from.display().to_string()),
+            ..config("http://x/v1".into())
+        };
+        let error = OpenAiPolicy::new(config).await.unwrap_err().to_string();
+        assert!(
+            error.contains("`chat_template`") && error.contains("tokenizer_config.json") && error.contains(why),
+            "{error}"
+        );
+    }
 }
