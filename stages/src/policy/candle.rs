@@ -34,6 +34,7 @@ use tokenizers::Tokenizer;
 
 use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
+use super::chat::TemplateSource;
 use super::{ChatFormat, ChatMessage, Generation, GenerationRequest, Policy, PolicyError};
 use crate::weights::{LlamaShape, LlamaWeights};
 
@@ -228,9 +229,9 @@ fn gguf_chat_template(content: &candle_core::quantized::gguf_file::Content) -> O
     content.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned()
 }
 
-/// The chat format of the GGUF file at `path`, from its metadata alone (for backends that load
-/// the file themselves).
-pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
+/// The chat template of the GGUF file at `path` and its special tokens, from its metadata
+/// alone (for backends that load the file themselves).
+pub fn gguf_template_source(path: &Path) -> Result<TemplateSource, String> {
     use candle_core::quantized::gguf_file::Value;
     let mut file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let content =
@@ -246,13 +247,11 @@ pub fn gguf_chat_format(path: &Path) -> Result<ChatFormat, String> {
             _ => String::new(),
         }
     };
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model");
-    Ok(ChatFormat::from_model(
-        name,
-        gguf_chat_template(&content).as_deref(),
-        &token("tokenizer.ggml.bos_token_id"),
-        &token("tokenizer.ggml.eos_token_id"),
-    ))
+    Ok(TemplateSource {
+        source: gguf_chat_template(&content),
+        bos_token: token("tokenizer.ggml.bos_token_id"),
+        eos_token: token("tokenizer.ggml.eos_token_id"),
+    })
 }
 
 /// llguidance's grammar engine over the vocabulary of `tokenizer`, with `stops` as end of

@@ -111,18 +111,6 @@ impl ChatFormat {
         ModelTemplate::compile(source, bos_token, eos_token).map(|template| ChatFormat::Model(Arc::new(template)))
     }
 
-    /// The template of a Hugging Face `tokenizer_config.json`, with its special tokens; `None`
-    /// when it has no `chat_template`.
-    pub fn from_tokenizer_config(config: &serde_json::Value) -> Option<Result<ChatFormat, String>> {
-        let source = tokenizer_config_template(config)?;
-        // A special token is written as its text or as an added token's `{"content": …}`.
-        let token = |key: &str| match &config[key] {
-            serde_json::Value::String(text) => text.clone(),
-            value => value["content"].as_str().unwrap_or_default().to_string(),
-        };
-        Some(ChatFormat::compile(&source, &token("bos_token"), &token("eos_token")))
-    }
-
     /// Renders `messages` and opens the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage]) -> String {
         match self {
@@ -189,6 +177,45 @@ impl ModelTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         })
+    }
+}
+
+/// A model's chat template as its files hold it, with the texts of its special tokens: what
+/// [`ChatFormat`] is compiled from, leniently for a model sesa serves (ChatML when it is
+/// missing) or strictly for a template a spec asks for by name.
+pub struct TemplateSource {
+    /// The Jinja text, when the files have one.
+    pub source: Option<String>,
+    /// The BOS token's text.
+    pub bos_token: String,
+    /// The EOS token's text.
+    pub eos_token: String,
+}
+
+impl TemplateSource {
+    /// The template of a Hugging Face `tokenizer_config.json`, with its special tokens.
+    pub fn from_tokenizer_config(config: &serde_json::Value) -> TemplateSource {
+        // A special token is written as its text or as an added token's `{"content": …}`.
+        let token = |key: &str| match &config[key] {
+            serde_json::Value::String(text) => text.clone(),
+            value => value["content"].as_str().unwrap_or_default().to_string(),
+        };
+        TemplateSource {
+            source: tokenizer_config_template(config),
+            bos_token: token("bos_token"),
+            eos_token: token("eos_token"),
+        }
+    }
+
+    /// The model's template, or ChatML with a warning that names `model`.
+    pub fn format_or_chatml(&self, model: &str) -> ChatFormat {
+        ChatFormat::from_model(model, self.source.as_deref(), &self.bos_token, &self.eos_token)
+    }
+
+    /// The model's template, or why there is none that renders a conversation.
+    pub fn format(&self) -> Result<ChatFormat, String> {
+        let source = self.source.as_deref().ok_or_else(|| "no `chat_template`".to_string())?;
+        ChatFormat::compile(source, &self.bos_token, &self.eos_token)
     }
 }
 

@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::chat::TemplateSource;
 use super::{ChatFormat, ChatMessage, FinishReason, Generation, GenerationRequest, Policy, PolicyError};
 use crate::retry::{Attempt, with_retries};
 
@@ -76,19 +77,14 @@ impl ServerTemplate {
             None => std::path::PathBuf::from(reference),
         };
         let path = if path.is_dir() { path.join("tokenizer_config.json") } else { path };
-        if path.extension().is_some_and(|x| x == "gguf") {
-            let format = super::candle::gguf_chat_format(&path)?;
-            return match format.is_model_template() {
-                true => Ok(format),
-                false => Err(format!("{}: no chat template that renders a conversation", path.display())),
-            };
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let config: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-        ChatFormat::from_tokenizer_config(&config)
-            .ok_or_else(|| format!("{}: no `chat_template`", path.display()))?
-            .map_err(|e| format!("{}: {e}", path.display()))
+        let source = if path.extension().is_some_and(|x| x == "gguf") {
+            super::candle::gguf_template_source(&path)?
+        } else {
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let config = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+            TemplateSource::from_tokenizer_config(&config)
+        };
+        source.format().map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 

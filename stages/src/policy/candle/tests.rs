@@ -334,5 +334,5 @@ fn smollm2_is_prompted_with_its_own_template() {
     let reread = ModelFiles::read(exported.path()).unwrap().chat_format("export");
     assert!(reread.is_model_template(), "the export keeps the template");
     assert_eq!(reread.render(&messages), chatml);
-    assert!(gguf_chat_format(&smollm2_gguf()).unwrap().is_model_template());
+    assert!(gguf_template_source(&smollm2_gguf()).unwrap().format().unwrap().is_model_template());
 }

@@ -133,7 +133,9 @@ impl MistralRsPolicy {
             );
         }
         let count = models.len();
-        let chat = crate::policy::candle::gguf_chat_format(path).map_err(|e| backend_error(&name, e))?;
+        let chat = crate::policy::candle::gguf_template_source(path)
+            .map_err(|e| backend_error(&name, e))?
+            .format_or_chatml(&name);
         Ok(MistralRsPolicy {
             name,
             chat,
