@@ -14,6 +14,7 @@ use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
 use sesa_stages::selfplay::LoopResources;
+use sesa_stages::selfplay::training::TrainedModel;
 
 use crate::logging::{self, LogFormat};
 
@@ -281,6 +282,9 @@ enum ModelCommand {
         /// The policy version (default: the last; see the run's `policy_versions` table).
         #[arg(long)]
         version: Option<u64>,
+        /// The proposer's own model (`proposer_model:`) rather than `model:`.
+        #[arg(long)]
+        proposer: bool,
         /// The directory to write.
         #[arg(long)]
         out: PathBuf,
@@ -662,8 +666,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             println!("{}", fetched.display());
             Ok(0)
         }
-        Command::Model { command: ModelCommand::Export { run, version, out } } => {
-            crate::export::export(&run, version, &out, registry).await
+        Command::Model { command: ModelCommand::Export { run, version, proposer, out } } => {
+            let model = if proposer { TrainedModel::ProposerModel } else { TrainedModel::Model };
+            crate::export::export(&run, model, version, &out, registry).await
         }
         Command::Model { command: ModelCommand::List } => {
             let home = models::sesa_home();

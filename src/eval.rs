@@ -16,6 +16,7 @@ use sesa_stages::memory::SkillFile;
 use sesa_stages::models::sesa_home;
 use sesa_stages::sections::ModelSection;
 use sesa_stages::selfplay::LoopResources;
+use sesa_stages::selfplay::training::TrainedModel;
 
 /// What `sesa eval` was asked.
 pub struct EvalRequest<'a> {
@@ -88,7 +89,7 @@ async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -
         return Ok(None);
     }
     let staging = export_dir(run.id()).join("policy.partial");
-    let version = crate::export::export_policy(root, run, version, &staging).await?;
+    let version = crate::export::export_policy(root, run, TrainedModel::Model, version, &staging).await?;
     let out = export_dir(run.id()).join(format!("policy-v{version}"));
     if out.join("config.json").exists() {
         std::fs::remove_dir_all(&staging).ok();

@@ -1,44 +1,62 @@
 //! `sesa model export`: a run's trained policy as a Hugging Face directory.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use sesa_engine::{ArtifactStore, Registry, Run};
 use sesa_stages::policy::ModelFiles;
-use sesa_stages::sections::ModelSection;
+use sesa_stages::sections::{ModelSection, ProposerModelSection};
 use sesa_stages::selfplay::TrainerSection;
-use sesa_stages::selfplay::training::weights_at;
+use sesa_stages::selfplay::training::{TrainedModel, weights_at};
 
-/// Writes policy version `version` (the last when `None`) of the run at `run` into `out`.
-pub async fn export(run: &str, version: Option<u64>, out: &Path, registry: &Registry) -> Result<u8> {
+/// Writes version `version` (the last when `None`) of `model`'s weights in the run at `run`
+/// into `out`.
+pub async fn export(
+    run: &str,
+    model: TrainedModel,
+    version: Option<u64>,
+    out: &Path,
+    registry: &Registry,
+) -> Result<u8> {
     let (root, run_id) = crate::cli::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
     let opened = Run::inspect(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
-    let version = export_policy(&root, &opened, version, out).await?;
+    let version = export_policy(&root, &opened, model, version, out).await?;
     println!(
-        "{}: policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)",
-        out.display()
+        "{}: `{}` policy version {version} of run {run_id} (config.json, model.safetensors, tokenizer.json)",
+        out.display(),
+        model.key()
     );
     Ok(0)
 }
 
-/// Writes policy version `version` (the last when `None`) of `run` into `out`; returns the
-/// version written.
-pub async fn export_policy(root: &ArtifactStore, run: &Run, version: Option<u64>, out: &Path) -> Result<u64> {
+/// Writes version `version` (the last when `None`) of `model`'s weights in `run` into `out`;
+/// returns the version written.
+pub async fn export_policy(
+    root: &ArtifactStore,
+    run: &Run,
+    model: TrainedModel,
+    version: Option<u64>,
+    out: &Path,
+) -> Result<u64> {
     let spec = run.pipeline().spec();
     let name = run.location();
-    let Some(model) = spec.section::<ModelSection>() else {
-        bail!("run `{name}` has no `model:` section: nothing was trained")
+    let key = model.key();
+    let section = match model {
+        TrainedModel::Model => spec.section::<ModelSection>(),
+        TrainedModel::ProposerModel => spec.section::<ProposerModelSection>().map(|s| Arc::new(s.0.clone())),
     };
-    let ModelSection::Candle(config) = &*model else {
+    let Some(section) = section else { bail!("run `{name}` has no `{key}:` section: nothing of it was trained") };
+    let ModelSection::Candle(config) = &*section else {
         bail!(
-            "run `{name}` serves its policy with another backend than `candle`: its weights were not trained in process"
+            "run `{name}` serves `{key}:` with another backend than `candle`: its weights were not trained in process"
         )
     };
     let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_stages::train::Method::Full);
     let source = sesa_stages::sections::local_model(&config.model).await?;
     let files = tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
-    let (version, weights) = weights_at(root, run.id(), version, files.weights.clone(), &method)
+    let (version, weights) = weights_at(root, run.id(), model, version, files.weights.clone(), &method)
         .await
         .with_context(|| format!("reading the checkpoints of `{name}`"))?;
     let target = out.to_path_buf();

@@ -41,6 +41,7 @@ pub fn registry() -> Registry {
         .section::<sections::PromptsSection>()
         .section::<memory::MemorySection>()
         .section::<sections::JudgeSection>()
+        .section::<sections::ProposerModelSection>()
         .section::<sections::WorldSection>()
         .section::<selfplay::TrainerSection>()
         .stage::<selfplay::Priming>()

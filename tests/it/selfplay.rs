@@ -140,6 +140,7 @@ fn resources_with_judge(
     let load = |name: &str, kind| Some(PromptTemplate::load_kind(&prompts().join(name), kind).unwrap());
     let selfplay = SelfPlay {
         policy: Arc::new(policy),
+        proposer_policy: None,
         judge,
         search: Arc::new(Arc::new(Bm25Index::open(&dir.join("index")).unwrap())),
         top_k: 2,

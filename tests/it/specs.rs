@@ -396,6 +396,30 @@ fn what_a_spec_generates_on_first_use_is_not_required_to_exist() {
     }
 }
 
+/// A stage that reads the policy beside a training stage would record whichever policy version
+/// was served when it started; ordered through another stage (propose after warm_start_eval
+/// after warmup in `specs/learn.yaml`) it is fine.
+#[test]
+fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["validate", "specs/warmup.yaml", "--set", "stages.after.after=[]"],
+        repo,
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(
+            "stages.after.after: `after` reads the policy that `warmup` trains, and neither runs after the other"
+        ),
+        "{text}"
+    );
+    assert_eq!(text.matches("reads the policy").count(), 1, "`before` runs before `warmup`: {text}");
+    let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/learn.yaml"], repo);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -416,7 +440,7 @@ fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() 
     let text = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(
-        text.contains("stages.update: `update` trains in process, which needs `model: {backend: candle}`"),
+        text.contains("stages.update: `update` trains `model:` in process, which needs `backend: candle` there"),
         "{text}"
     );
 }

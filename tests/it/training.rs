@@ -14,8 +14,8 @@ use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_with, spawn_sesa_with, write};
 
-/// A two-block llama of width 16 over SmolLM2's vocabulary, random weights.
-fn tiny_model(out: &Path) {
+/// A two-block llama of width 16 over SmolLM2's vocabulary, random weights drawn from `seed`.
+fn tiny_model(out: &Path, seed: u64) {
     let gguf = sesa_stages::models::fetch(&sesa_stages::models::sesa_home(), "smollm2-135m-instruct")
         .unwrap()
         .join("SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -32,7 +32,7 @@ fn tiny_model(out: &Path) {
         eps: 1e-5,
         rope_base: 10_000.0,
     };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut matrix = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-0.3f32..0.3)).collect() };
     let (h, kv, f) = (shape.hidden, shape.kv_width(), shape.ffn);
     let blocks = (0..shape.layers)
@@ -146,7 +146,7 @@ fn without_times(table: &str, batch: RecordBatch) -> RecordBatch {
 
 fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    tiny_model(&dir.path().join("tiny"));
+    tiny_model(&dir.path().join("tiny"), 11);
     World::generate(WorldConfig { seed: 4, entities: 120, questions: 30 }).write(&dir.path().join("world")).unwrap();
     dir
 }
@@ -314,12 +314,118 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(dir.path().join("home/exports").exists(), "the policy was exported into SESA_HOME");
 }
 
+/// The column `name` of `batch` as strings.
+fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
+    let column = batch.column_by_name(name).unwrap();
+    column.as_any().downcast_ref::<arrow_array::StringArray>().unwrap().iter().map(|v| v.unwrap().to_string()).collect()
+}
+
+/// The column `name` of `batch` as integers.
+fn integers(batch: &RecordBatch, name: &str) -> Vec<u64> {
+    let column = batch.column_by_name(name).unwrap();
+    column.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap().values().to_vec()
+}
+
+/// With `proposer_model:` the proposer plays with its own weights, and each model is trained
+/// by its own trainer, with its own versions and checkpoints; a killed run resumes both, and
+/// either exports.
+#[test]
+fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
+    let dir = setup();
+    tiny_model(&dir.path().join("tiny-proposer"), 12);
+    let d = dir.path().display().to_string();
+    // Two steps; the warm start teaches the solver only, so the two models' versions differ.
+    let text = std::fs::read_to_string(spec(dir.path()))
+        .unwrap()
+        .replace("steps: 3", "steps: 2")
+        .replace(
+            "trainer:",
+            &format!("proposer_model: {{backend: candle, model: {d}/tiny-proposer, cache_tokens: 2048}}\ntrainer:"),
+        )
+        .replace("held_out: 10, limit: 8,", "held_out: 10, limit: 8, roles: [solver],")
+        .replace("    keep_every: 2\n", "");
+    let spec = write(dir.path(), "proposer.yaml", &text);
+    let spec_arg = spec.to_str().unwrap();
+    let reference_store = dir.path().join("reference");
+    let clock = std::time::Instant::now();
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["run", spec_arg, "--store", reference_store.to_str().unwrap()],
+        dir.path(),
+    );
+    let duration = clock.elapsed();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let reference = tables(&only_run(&reference_store));
+    let table =
+        |name: &str, step: u64, writer: &str| &reference[&(name.to_string(), step, format!("{writer}.parquet"))];
+    let versions = |step: u64, writer: &str| {
+        let batch = table("policy_versions", step, writer);
+        strings(batch, "model").into_iter().zip(integers(batch, "version")).collect::<Vec<_>>()
+    };
+    let made = |models: &[(&str, u64)]| models.iter().map(|(m, v)| (m.to_string(), *v)).collect::<Vec<_>>();
+    assert_eq!(versions(1, "warmup"), made(&[("model", 1)]));
+    assert_eq!(versions(1, "update"), made(&[("proposer_model", 1), ("model", 2)]), "the proposer first");
+    assert_eq!(versions(2, "update"), made(&[("proposer_model", 2), ("model", 3)]));
+    // Each checkpoint file holds the tensors of the models its stage trained, labelled.
+    let mut labels = strings(table("checkpoints", 2, "update"), "model");
+    labels.dedup();
+    assert_eq!(labels, ["proposer_model", "model"]);
+    for step in 1..=2u64 {
+        // Questions came from the proposer's weights, answers from the solver's.
+        let proposed = integers(table("proposals", step, "propose"), "policy_version");
+        assert!(proposed.iter().all(|&v| v == step - 1), "step {step}: {proposed:?}");
+        let solved = integers(table("rollouts", step, "solve"), "policy_version");
+        assert!(solved.iter().all(|&v| v == step), "step {step}: {solved:?}");
+    }
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    for trial in 0..2 {
+        let store = dir.path().join(format!("trial-{trial}"));
+        let mut child =
+            spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
+        std::thread::sleep(duration.mul_f64(rng.random_range(0.4..0.95)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
+        let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir.path());
+        assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
+        let tables = tables(&run);
+        assert_eq!(tables.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>(), "trial {trial}");
+        for (key, batch) in &reference {
+            assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
+        }
+    }
+
+    // Either model exports; the proposer's holds its own trained weights.
+    let run = only_run(&reference_store);
+    let export = |proposer: bool, name: &str| {
+        let out = dir.path().join(name);
+        let mut args = vec!["model", "export", run.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        if proposer {
+            args.push("--proposer");
+        }
+        let output = run_sesa_with(ChildRegistry::Stages, &args, dir.path());
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        ModelFiles::read(&out).unwrap().weights
+    };
+    let (solver, proposer) = (export(false, "solver-export"), export(true, "proposer-export"));
+    let initial = ModelFiles::read(&dir.path().join("tiny-proposer")).unwrap().weights;
+    assert!(proposer != initial, "the proposer's export holds trained weights");
+    assert!(proposer != solver);
+    let missing = run_sesa_with(
+        ChildRegistry::Stages,
+        &["model", "export", run.to_str().unwrap(), "--proposer", "--version", "3", "--out", d.as_str()],
+        dir.path(),
+    );
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 3 of `proposer_model`"));
+}
+
 /// `sesa ask` sets up as `sesa run` does: on a fresh directory it generates the spec's world
 /// and builds its index rather than failing on the missing index.
 #[test]
 fn ask_generates_the_world_and_index_a_fresh_clone_lacks() {
     let dir = tempfile::tempdir().unwrap();
-    tiny_model(&dir.path().join("tiny"));
+    tiny_model(&dir.path().join("tiny"), 11);
     let spec = spec(dir.path());
     assert!(!dir.path().join("world").exists() && !dir.path().join("index").exists());
     let output = run_sesa_with(

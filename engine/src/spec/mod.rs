@@ -227,6 +227,26 @@ impl Spec {
     pub fn section<T: std::any::Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.sections.get::<T>()
     }
+
+    /// Whether stage `later` always runs after stage `earlier` within a step: `earlier` is
+    /// reachable from `later` through `after:` lists. Two stages ordered neither way may run at
+    /// the same time.
+    pub fn runs_after(&self, later: &str, earlier: &str) -> bool {
+        let mut seen = std::collections::HashSet::new();
+        let mut pending = vec![later];
+        while let Some(name) = pending.pop() {
+            let Some(stage) = self.stages.iter().find(|s| s.name == name) else { continue };
+            for before in &stage.after {
+                if before == earlier {
+                    return true;
+                }
+                if seen.insert(before.as_str()) {
+                    pending.push(before);
+                }
+            }
+        }
+        false
+    }
 }
 
 /// `after:` entries that name no stage of the spec. Checked on the raw mapping so that the

@@ -60,6 +60,10 @@ pub struct Question {
     /// Titles of the passages that support the answer, when known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub supporting_titles: Vec<String>,
+    /// The relation each supporting passage is read for ("birthplace"), when known
+    /// (generated worlds say): one per supporting title.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supporting_relations: Vec<String>,
 }
 
 /// A question set that cannot be read.
@@ -83,6 +87,8 @@ struct RawQuestion {
     hops: Option<u8>,
     #[serde(default)]
     supporting_titles: Vec<String>,
+    #[serde(default)]
+    supporting_relations: Vec<String>,
 }
 
 fn answers(value: serde_json::Value) -> Result<Vec<String>, String> {
@@ -129,6 +135,16 @@ pub fn load_questions(path: &Path) -> Result<Vec<Question>, DatasetError> {
             error(number, format!("expected a FlashRAG question {{id, question, golden_answers}}: {e}"))
         })?;
         let golden_answers = answers(raw.golden_answers).map_err(|e| error(number, e))?;
+        if !raw.supporting_relations.is_empty() && raw.supporting_relations.len() != raw.supporting_titles.len() {
+            return Err(error(
+                number,
+                format!(
+                    "`supporting_relations` names {} relations for {} `supporting_titles`: give one per title, or none",
+                    raw.supporting_relations.len(),
+                    raw.supporting_titles.len()
+                ),
+            ));
+        }
         let id = match raw.id {
             Some(serde_json::Value::String(id)) => id,
             Some(other) => other.to_string(),
@@ -140,6 +156,7 @@ pub fn load_questions(path: &Path) -> Result<Vec<Question>, DatasetError> {
             golden_answers,
             hops: raw.hops,
             supporting_titles: raw.supporting_titles,
+            supporting_relations: raw.supporting_relations,
         });
     }
     Ok(questions)
@@ -196,7 +213,14 @@ fn verl_row(batch: &RecordBatch, row: usize) -> Result<Question, String> {
         }
     };
     let id = batch.column_by_name("id").and_then(|c| string_at(c, row)).unwrap_or_else(|| row.to_string());
-    Ok(Question { id, question, golden_answers, hops: None, supporting_titles: Vec::new() })
+    Ok(Question {
+        id,
+        question,
+        golden_answers,
+        hops: None,
+        supporting_titles: Vec::new(),
+        supporting_relations: Vec::new(),
+    })
 }
 
 #[cfg(test)]

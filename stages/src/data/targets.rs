@@ -103,6 +103,7 @@ mod tests {
             golden_answers: vec![answer.into(), "other".into()],
             hops,
             supporting_titles: Vec::new(),
+            supporting_relations: Vec::new(),
         }
     }
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 /// The generator's version, recorded with every world it writes. Bump it when the same config
 /// would generate a different world, so that worlds written before are regenerated.
-pub const GENERATOR_VERSION: u32 = 1;
+pub const GENERATOR_VERSION: u32 = 2;
 
 /// The file in a world's directory that records how it was generated. Written last, so a world
 /// without it is incomplete.
@@ -100,6 +100,23 @@ impl Relation {
         }
     }
 
+    /// The relation's name, as a searcher would write it next to the subject ("Orla country").
+    fn noun(self) -> &'static str {
+        match self {
+            BornIn => "birthplace",
+            BirthYear => "birth year",
+            MotherOf => "mother",
+            SpouseOf => "spouse",
+            EmployerOf => "employer",
+            CountryOf => "country",
+            FounderOf => "founder",
+            FoundedYear => "founding year",
+            HeadquartersOf => "headquarters",
+            CreatorOf => "author",
+            PublishedYear => "publication year",
+        }
+    }
+
     /// A noun phrase for the object, when this relation is an inner hop.
     fn phrase(self, subject: &str) -> String {
         match self {
@@ -151,6 +168,9 @@ pub struct WorldQuestion {
     pub hops: u8,
     /// Titles of the passages on the chain, in reading order.
     pub supporting_titles: Vec<String>,
+    /// The relation each hop follows from its passage's entity ("birthplace", "country"), in
+    /// the same order: hop `k` reads `supporting_relations[k]` of `supporting_titles[k]`.
+    pub supporting_relations: Vec<String>,
 }
 
 /// A target answer for the proposer.
@@ -344,6 +364,7 @@ impl World {
                 golden_answers: vec![answer],
                 hops,
                 supporting_titles: supporting,
+                supporting_relations: chain.iter().map(|(relation, _)| relation.noun().to_string()).collect(),
             });
         }
         questions

@@ -9,7 +9,7 @@ mod setup;
 mod world;
 
 pub use self::agent::{AgentSection, PromptsSection};
-pub use self::model::{JudgeSection, ModelSection, local_model};
+pub use self::model::{JudgeSection, ModelSection, ProposerModelSection, local_model};
 pub use self::setup::{AgentSetup, SetupError};
 pub use self::world::WorldSection;
 

@@ -184,6 +184,26 @@ impl Section for JudgeSection {
     }
 }
 
+/// The proposer's own policy (`proposer_model:`), any policy backend: the proposer proposes
+/// with it and training stages train it on the proposer's samples, while `model:` serves and
+/// trains the solver (and verifies, and judges without a judge). Without this section both
+/// roles share `model:`, as in SSP.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ProposerModelSection(pub ModelSection);
+
+impl Section for ProposerModelSection {
+    const KEY: &'static str = "proposer_model";
+
+    fn check(&self) -> Vec<ConfigProblem> {
+        self.0.check()
+    }
+
+    fn requirements(&self) -> Vec<Requirement> {
+        self.0.requirements()
+    }
+}
+
 /// The GGUF file at `path`, or the only one in the directory `path`.
 fn gguf_in(path: &Path) -> Result<PathBuf, String> {
     if path.is_file() {

@@ -4,8 +4,9 @@
 //! it will see in the loop.
 //!
 //! From a generated world's question with its supporting chain `t₁ … tₙ` and answer `a`:
-//! - the solver searches each hop's title in reading order, reads the real results and answers
-//!   `a`; kept only when each search returns its hop's passage;
+//! - the solver thinks, then searches each hop's entity with the relation it needs
+//!   (`tᵢ rᵢ`, with the relations the world records), in reading order, reads the real results
+//!   and answers `a`; kept only when each search returns its hop's passage;
 //! - the proposer, given `a` and `n`, walks back from the answer: it searches `a` (which finds
 //!   `tₙ`, the passage that states it), then `tₙ` (which finds `tₙ₋₁`, the passage that names
 //!   it), and so on to `t₁`, then writes the world's question; kept only when each search
@@ -91,28 +92,57 @@ impl Writer<'_> {
     }
 
     /// The solver's demonstration of `question`, or `None` when a search misses its hop.
+    ///
+    /// Each hop thinks first, then searches the entity with the relation ("Orla country", as the
+    /// small solver prompt's example does). The first thought lays out the whole chain ("I need
+    /// the birthplace of X, then the country of it."), so that how many searches remain is
+    /// written where later turns can read it rather than only in the question; later thoughts
+    /// state what the hop before found and what comes next; the last states the fact read, and
+    /// the turn answers. Without `supporting_relations` (a dataset that names only titles) the
+    /// searches name the titles alone.
     pub async fn solver(
         &self,
         template: &PromptTemplate,
         question: &Question,
     ) -> Result<Option<Demonstration>, String> {
         let Some(answer) = question.golden_answers.first() else { return Ok(None) };
-        if question.supporting_titles.is_empty() {
+        let titles = &question.supporting_titles;
+        if titles.is_empty() {
             return Ok(None);
         }
+        let relation = |hop: usize| question.supporting_relations.get(hop);
+        // "The country of Orla is Veltria." when the relation is known.
+        let fact = |hop: usize, object: &str| match relation(hop) {
+            Some(relation) => format!("The {relation} of {} is {object}.", titles[hop]),
+            None => format!("{} leads to {object}.", titles[hop]),
+        };
         let prompt = self.policy.render_chat(
             &template.render(&BTreeMap::from([("question", question.question.clone()), ("skills", String::new())])),
         );
         let mut turns = Vec::new();
-        for title in &question.supporting_titles {
-            let text = format!("<search>{title}</search>");
-            let (information, found) = self.search(title, title).await?;
-            if !found {
+        let relations = &question.supporting_relations;
+        for (hop, title) in titles.iter().enumerate() {
+            let (need, query) = match relation(hop) {
+                Some(relation) if hop == 0 => {
+                    let then: String = relations[1..].iter().map(|r| format!(", then the {r} of it")).collect();
+                    (format!("I need the {relation} of {title}{then}."), format!("{title} {relation}"))
+                }
+                Some(relation) => (format!("Next, the {relation} of {title}."), format!("{title} {relation}")),
+                None => (format!("I need to read about {title}."), title.clone()),
+            };
+            let found = if hop == 0 { String::new() } else { fact(hop - 1, title) + " " };
+            let (information, hit) = self.search(&query, title).await?;
+            if !hit {
                 return Ok(None);
             }
-            turns.push(WrittenTurn { text, information: Some(information) });
+            turns.push(WrittenTurn {
+                text: format!("<think>{found}{need}</think>\n<search>{query}</search>"),
+                information: Some(information),
+            });
         }
-        turns.push(WrittenTurn { text: format!("<answer>{answer}</answer>"), information: None });
+        let read = fact(titles.len() - 1, answer);
+        turns
+            .push(WrittenTurn { text: format!("<think>{read}</think>\n<answer>{answer}</answer>"), information: None });
         Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
             role: "solver",
             hops: question.hops.unwrap_or(0),
@@ -270,10 +300,29 @@ mod tests {
                 let text = policy.decode(&demo.sequence.tokens).unwrap();
                 let trained = trained(&demo);
                 let answer = &question.golden_answers[0];
-                // Trained: the searches and the answer; read only: the prompt and the results.
-                let searches: String =
-                    question.supporting_titles.iter().map(|t| format!("<search>{t}</search>")).collect();
-                assert_eq!(trained, format!("{searches}<answer>{answer}</answer>"));
+                // Trained: the thoughts, the searches and the answer; read only: the prompt and
+                // the results.
+                let (titles, relations) = (&question.supporting_titles, &question.supporting_relations);
+                let mut expected = String::new();
+                for hop in 0..titles.len() {
+                    let (title, relation) = (&titles[hop], &relations[hop]);
+                    let thought = match hop {
+                        0 => {
+                            let then: String = relations[1..].iter().map(|r| format!(", then the {r} of it")).collect();
+                            format!("I need the {relation} of {title}{then}.")
+                        }
+                        _ => format!(
+                            "The {} of {} is {title}. Next, the {relation} of {title}.",
+                            relations[hop - 1],
+                            titles[hop - 1]
+                        ),
+                    };
+                    expected += &format!("<think>{thought}</think>\n<search>{title} {relation}</search>");
+                }
+                let (title, relation) = (titles.last().unwrap(), relations.last().unwrap());
+                expected +=
+                    &format!("<think>The {relation} of {title} is {answer}.</think>\n<answer>{answer}</answer>");
+                assert_eq!(trained, expected);
                 assert_eq!(text.matches("<information>").count(), question.supporting_titles.len());
                 assert!(text.contains(&question.question));
                 assert_eq!(demo.sequence.mask[0], 0);
@@ -293,6 +342,15 @@ mod tests {
         let mut broken = questions[0].clone();
         broken.supporting_titles[0] = "Nowhere Atlantis".into();
         assert_eq!(writer.solver(&solver, &broken).await.unwrap(), None);
+        // A dataset that names only titles: the searches name the titles alone.
+        let written = questions.iter().find(|q| q.hops == Some(2)).unwrap();
+        let mut titles_only = written.clone();
+        titles_only.supporting_relations.clear();
+        let demo = writer.solver(&solver, &titles_only).await.unwrap().expect("a written demonstration");
+        let text = policy.decode(&demo.sequence.tokens).unwrap();
+        let [first, second] = [&written.supporting_titles[0], &written.supporting_titles[1]];
+        assert!(text.contains(&format!("<think>I need to read about {first}.</think>\n<search>{first}</search>")));
+        assert!(text.contains(&format!("<think>{first} leads to {second}. I need to read about {second}.</think>")));
     }
 
     #[test]

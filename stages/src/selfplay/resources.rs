@@ -10,16 +10,18 @@ use sesa_engine::spec::Spec;
 use sesa_engine::{ArtifactStore, ConfigProblem, Resources, RunError, Stage, read_table};
 
 use super::rules::FailureQueue;
-use super::stages::{ExternalCheckpoint, Update, Warmup};
-use super::training::{TrainerSection, Training};
+use super::stages::{Consolidate, Evaluate, ExternalCheckpoint, Propose, Reward, Solve, Update, Verify, Warmup};
+use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training};
 use crate::agent::{
-    DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT, VERIFIER_PROMPT,
+    DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
 use crate::columns::Reader;
 use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, SkillBank, skills_from_batch};
 use crate::policy::Policy;
 use crate::search::Search;
-use crate::sections::{AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, SetupError};
+use crate::sections::{
+    AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, ProposerModelSection, SetupError,
+};
 
 /// The prompt templates of the loop, loaded and checked.
 pub struct Templates {
@@ -73,8 +75,11 @@ pub struct PooledQuestion {
 
 /// The policy, search and templates of the loop.
 pub struct SelfPlay {
-    /// The policy (proposer and solver share it, as in SSP).
+    /// The policy of `model:`: the solver's, and the proposer's too unless it has its own (as
+    /// in SSP). It also verifies, and judges without a judge.
     pub policy: Arc<dyn Policy>,
+    /// The proposer's own policy (`proposer_model:`), when the spec gives it one.
+    pub proposer_policy: Option<Arc<dyn Policy>>,
     /// The judge (`judge:`), when the spec names one; stages fall back to the policy.
     pub judge: Option<Arc<dyn Policy>>,
     /// The search tool.
@@ -141,6 +146,14 @@ impl InitialPolicy {
 }
 
 impl SelfPlay {
+    /// The policy that plays `role`.
+    pub fn policy_of(&self, role: Role) -> &Arc<dyn Policy> {
+        match (role, &self.proposer_policy) {
+            (Role::Proposer, Some(proposer)) => proposer,
+            _ => &self.policy,
+        }
+    }
+
     /// The judge, or the policy when the spec names no judge.
     pub fn judge_or_policy(&self) -> &dyn Policy {
         self.judge.as_deref().unwrap_or(self.policy.as_ref())
@@ -165,6 +178,7 @@ pub struct LoopResources {
     selfplay: Arc<SelfPlay>,
     memory: Option<Arc<SkillMemory>>,
     training: Option<Arc<Training>>,
+    proposer_training: Option<Arc<Training>>,
     external: Arc<ExternalCheckpoint>,
 }
 
@@ -175,6 +189,7 @@ impl LoopResources {
             selfplay: Arc::new(selfplay),
             memory: memory.map(Arc::new),
             training: None,
+            proposer_training: None,
             external: Arc::default(),
         }
     }
@@ -191,35 +206,15 @@ impl LoopResources {
         self
     }
 
-    /// Stages that train in process (`warmup`, `update` without an external trainer) while the
-    /// policy is not served in process: each would fail in its first step, after the step's
-    /// rollouts. Checked with a spec's other resources, before a run is created.
+    /// What a spec's training stages (`warmup`, `update`) would get wrong, checked with its
+    /// other resources before a run is created: stages that train in process while the policy
+    /// is not served in process (each would fail in its first step, after the step's
+    /// rollouts), and stages that read the policy in no `after:` order with a training stage
+    /// (the policy version they record would depend on which finished first).
     pub fn training_problems(spec: &Spec) -> Vec<ConfigProblem> {
-        let Some(model) = spec.section::<ModelSection>() else {
-            return Vec::new();
-        };
-        if matches!(*model, ModelSection::Candle(_)) {
-            return Vec::new();
-        }
-        let in_process = |stage: &sesa_engine::spec::StageInstance| match stage.kind.as_str() {
-            Warmup::KIND => true,
-            Update::KIND => stage.config().get("external").is_none_or(serde_json::Value::is_null),
-            _ => false,
-        };
-        spec.stages
-            .iter()
-            .filter(|stage| in_process(stage))
-            .map(|stage| {
-                ConfigProblem::new(
-                    format!("stages.{}", stage.name),
-                    format!(
-                        "`{}` trains in process, which needs `model: {{backend: candle}}`; with mistral.rs or an \
-                         OpenAI-compatible server, give `update` an `external:` trainer (README, \"External trainer\")",
-                        stage.kind
-                    ),
-                )
-            })
-            .collect()
+        let mut problems = unordered_policy_readers(spec);
+        problems.extend(training_without_a_trainer(spec));
+        problems
     }
 
     /// Opens everything the spec's sections describe: generates the world and builds the index
@@ -231,12 +226,23 @@ impl LoopResources {
         };
         let AgentSetup { policy, search, top_k, agent, prompts } = AgentSetup::from_spec(spec).await?;
         // In-process training needs the weights file the policy serves.
-        let training = match &*model {
-            ModelSection::Candle(config) => {
-                let section = spec.section::<TrainerSection>().map(|s| (*s).clone()).unwrap_or_default();
-                Some(Arc::new(Training::new(section, crate::sections::local_model(&config.model).await?)))
+        let trainer = spec.section::<TrainerSection>().map(|s| (*s).clone()).unwrap_or_default();
+        let training_of = async |model: &ModelSection, trained| -> Result<_, SetupError> {
+            Ok(match model {
+                ModelSection::Candle(config) => Some(Arc::new(Training::new(
+                    trained,
+                    trainer.clone(),
+                    crate::sections::local_model(&config.model).await?,
+                ))),
+                _ => None,
+            })
+        };
+        let training = training_of(&model, TrainedModel::Model).await?;
+        let (proposer_policy, proposer_training) = match spec.section::<ProposerModelSection>() {
+            Some(proposer) => {
+                (Some(proposer.0.open().await?), training_of(&proposer.0, TrainedModel::ProposerModel).await?)
             }
-            _ => None,
+            None => (None, None),
         };
         let judge = match spec.section::<JudgeSection>() {
             Some(judge) => Some(judge.0.open().await?),
@@ -253,6 +259,7 @@ impl LoopResources {
         };
         let selfplay = SelfPlay {
             policy,
+            proposer_policy,
             judge,
             search,
             top_k,
@@ -261,7 +268,13 @@ impl LoopResources {
             pool: Mutex::new(Vec::new()),
             initial: InitialPolicy::of((*model).clone()),
         };
-        Ok(Some(LoopResources { selfplay: Arc::new(selfplay), memory, training, external: Arc::default() }))
+        Ok(Some(LoopResources {
+            selfplay: Arc::new(selfplay),
+            memory,
+            training,
+            proposer_training,
+            external: Arc::default(),
+        }))
     }
 
     /// Rebuilds the state of a run being resumed from its committed tables: the bank from its
@@ -313,8 +326,8 @@ impl LoopResources {
                 }
             }
         }
-        if let Some(training) = &self.training {
-            training.restore(root, run_id, self.selfplay.policy.as_ref()).await?;
+        for training in self.training.iter().chain(&self.proposer_training) {
+            training.restore(root, run_id, training.model.served_by(&self.selfplay).as_ref()).await?;
         }
         // An external trainer's last version: the servers hold it (they reloaded it before the
         // step committed), and the next update starts from its checkpoint.
@@ -347,6 +360,9 @@ impl LoopResources {
         }
         if let Some(training) = self.training {
             resources.insert(training);
+        }
+        if let Some(training) = self.proposer_training {
+            resources.insert(Arc::new(ProposerTraining(training)));
         }
         resources.insert(self.external);
     }
@@ -391,4 +407,101 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
             digest: digests[i].to_string(),
         })
         .collect())
+}
+
+/// Stages that train in process a model served by mistral.rs or a server, and external
+/// trainers beside a `proposer_model:` (the external contract carries one policy).
+fn training_without_a_trainer(spec: &Spec) -> Vec<ConfigProblem> {
+    let Some(model) = spec.section::<ModelSection>() else {
+        return Vec::new();
+    };
+    let proposer_model = spec.section::<ProposerModelSection>();
+    let in_process = |section: &ModelSection| matches!(section, ModelSection::Candle(_));
+    let both = || vec!["solver".to_string(), "proposer".to_string()];
+    let listed = |value: Option<&serde_json::Value>| -> Option<Vec<String>> {
+        Some(value?.as_array()?.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+    };
+    let mut problems = Vec::new();
+    for stage in &spec.stages {
+        let config = stage.config();
+        let roles = match stage.kind.as_str() {
+            Warmup::KIND => {
+                let mut roles = match config.get("world").filter(|w| !w.is_null()) {
+                    Some(world) => listed(world.get("roles")).unwrap_or_else(both),
+                    None => Vec::new(),
+                };
+                if config.get("file").is_some_and(|f| !f.is_null()) {
+                    roles.push("solver".into());
+                }
+                roles
+            }
+            Update::KIND if config.get("external").is_some_and(|e| !e.is_null()) => {
+                if proposer_model.is_some() {
+                    problems.push(ConfigProblem::new(
+                        format!("stages.{}.external", stage.name),
+                        "an external trainer trains one policy, and the spec gives the proposer its own \
+                         (`proposer_model:`): train both in process (`backend: candle`), or share `model:`",
+                    ));
+                }
+                continue;
+            }
+            Update::KIND => listed(config.get("roles")).unwrap_or_else(both),
+            _ => continue,
+        };
+        let mut keys: Vec<&str> = roles
+            .iter()
+            .filter_map(|role| match (&proposer_model, role.as_str()) {
+                (Some(proposer), "proposer") if !in_process(&proposer.0) => Some("proposer_model"),
+                (Some(_), "proposer") => None,
+                _ if !in_process(&model) => Some("model"),
+                _ => None,
+            })
+            .collect();
+        keys.dedup();
+        for key in keys {
+            problems.push(ConfigProblem::new(
+                format!("stages.{}", stage.name),
+                format!(
+                    "`{}` trains `{key}:` in process, which needs `backend: candle` there; with mistral.rs or an \
+                     OpenAI-compatible server, give `update` an `external:` trainer (README, \"External trainer\")",
+                    stage.kind
+                ),
+            ));
+        }
+    }
+    problems
+}
+
+/// Stages that read the policy and are ordered by `after:` neither before nor after a stage
+/// that changes it, one problem per pair. Reward and consolidate read it only without a judge.
+fn unordered_policy_readers(spec: &Spec) -> Vec<ConfigProblem> {
+    let judged = spec.section::<JudgeSection>().is_some();
+    let reads = |kind: &str| match kind {
+        Propose::KIND | Solve::KIND | Verify::KIND | Evaluate::KIND => true,
+        Reward::KIND | Consolidate::KIND => !judged,
+        _ => false,
+    };
+    let trainers: Vec<&str> = spec
+        .stages
+        .iter()
+        .filter(|s| [Warmup::KIND, Update::KIND].contains(&s.kind.as_str()))
+        .map(|s| s.name.as_str())
+        .collect();
+    let mut problems = Vec::new();
+    for reader in spec.stages.iter().filter(|s| reads(&s.kind)) {
+        for &trainer in &trainers {
+            if !spec.runs_after(&reader.name, trainer) && !spec.runs_after(trainer, &reader.name) {
+                problems.push(ConfigProblem::new(
+                    format!("stages.{}.after", reader.name),
+                    format!(
+                        "`{}` reads the policy that `{trainer}` trains, and neither runs after the other: the policy \
+                         version it records would depend on which finishes first; add `{trainer}` to its `after:` \
+                         (to use the trained policy) or it to `{trainer}`'s",
+                        reader.name
+                    ),
+                ));
+            }
+        }
+    }
+    problems
 }

@@ -7,6 +7,10 @@
 //! trained weights, or the LoRA adapters, and AdamW's moments), committed with the step like
 //! any table. Resume rebuilds the trainer from the last checkpoint and serves its weights
 //! again, so a resumed run ends with the weights of an uninterrupted one.
+//!
+//! A run trains one model, or two when the spec gives the proposer its own
+//! (`proposer_model:`): each has its own trainer, optimizer and version count, and the
+//! `model` column of both tables says whose weights a row holds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use sesa_engine::{
 };
 use sha2::{Digest, Sha256};
 
+use crate::agent::Role;
 use crate::columns::{Columns, Reader, schema_of};
 use crate::policy::Policy;
 use crate::sections::MAX_TOKENS;
@@ -99,8 +104,78 @@ impl TrainState {
     }
 }
 
+/// Which of a spec's models a trainer trains, by the spec key that names it: `model` (the
+/// solver's, and the proposer's too without `proposer_model:`) or `proposer_model`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainedModel {
+    /// `model:`.
+    Model,
+    /// `proposer_model:`.
+    ProposerModel,
+}
+
+impl TrainedModel {
+    /// The spec key, as the tables' `model` column records it.
+    pub fn key(self) -> &'static str {
+        match self {
+            TrainedModel::Model => "model",
+            TrainedModel::ProposerModel => "proposer_model",
+        }
+    }
+
+    /// The policy that serves these weights in the loop.
+    pub fn served_by(self, selfplay: &crate::selfplay::SelfPlay) -> Arc<dyn Policy> {
+        match self {
+            TrainedModel::Model => selfplay.policy.clone(),
+            TrainedModel::ProposerModel => selfplay.policy_of(Role::Proposer).clone(),
+        }
+    }
+
+    /// Whether a table row's `model` value (absent in runs made before proposers had their
+    /// own model: `model`) is this one.
+    fn holds(self, value: Option<&str>) -> bool {
+        value.unwrap_or("model") == self.key()
+    }
+}
+
+/// The `model` column of a `policy_versions` or `checkpoints` batch, one value per row
+/// (`None` for tables written before the column existed).
+fn model_column<'a>(table: &'a str, batch: &'a RecordBatch) -> Result<Vec<Option<&'a str>>, StageError> {
+    if batch.column_by_name("model").is_none() {
+        return Ok(vec![None; batch.num_rows()]);
+    }
+    Ok(Reader::new(table, batch).str("model")?.into_iter().map(Some).collect())
+}
+
+/// The proposer's own trainer, a resource of runs with `proposer_model: {backend: candle}`.
+pub struct ProposerTraining(pub Arc<Training>);
+
+/// The trainer of `role`'s weights: the proposer's own with `proposer_model:`, else the run's.
+pub fn training_of(
+    cx: &sesa_engine::StageContext,
+    selfplay: &crate::selfplay::SelfPlay,
+    role: Role,
+    stage: &str,
+) -> Result<Arc<Training>, StageError> {
+    let proposer_model = role == Role::Proposer && selfplay.proposer_policy.is_some();
+    let (found, key) = if proposer_model {
+        (cx.resource::<ProposerTraining>().map(|t| t.0.clone()), "proposer_model")
+    } else {
+        (cx.resource::<Training>(), "model")
+    };
+    let role = if role == Role::Proposer { "proposer" } else { "solver" };
+    found.map_err(|_| {
+        StageError::Failed(format!(
+            "`{stage}` trains the {role} in process, which needs the spec's `{key}:` to use `backend: candle` \
+             (mistral.rs and OpenAI-compatible servers cannot take trained weights in process)"
+        ))
+    })
+}
+
 /// The run's training resource.
 pub struct Training {
+    /// Whose weights.
+    pub model: TrainedModel,
     /// The section.
     pub section: TrainerSection,
     /// Where the initial weights are read from.
@@ -111,9 +186,9 @@ pub struct Training {
 
 impl Training {
     /// Training of the weights of the model at `source` (a GGUF file or a Hugging Face
-    /// directory).
-    pub fn new(section: TrainerSection, source: PathBuf) -> Training {
-        Training { section, source, state: tokio::sync::Mutex::new(None) }
+    /// directory), which the spec names at `model`.
+    pub fn new(model: TrainedModel, section: TrainerSection, source: PathBuf) -> Training {
+        Training { model, section, source, state: tokio::sync::Mutex::new(None) }
     }
 
     fn initial(&self) -> Result<TrainModel, String> {
@@ -158,8 +233,8 @@ impl Training {
         *self.state.lock().await = Some(state);
     }
 
-    /// Rebuilds the trainer from the run's last checkpoint, if any, and has `policy` serve its
-    /// weights.
+    /// Rebuilds the trainer from the run's last checkpoint of its model, if any, and has
+    /// `policy` serve its weights.
     pub async fn restore(
         self: &Arc<Self>,
         root: &ArtifactStore,
@@ -168,7 +243,7 @@ impl Training {
     ) -> Result<(), RunError> {
         let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
         let batches = read_table_steps(root, run_id, "checkpoints", Steps::Last).await?;
-        let Some(checkpoint) = newest(&batches, None).map_err(|e| corrupt(e.to_string()))? else {
+        let Some(checkpoint) = newest(&batches, self.model, None).map_err(|e| corrupt(e.to_string()))? else {
             return Ok(());
         };
         let mut state = self.take().await.map_err(|e| corrupt(e.to_string()))?;
@@ -193,6 +268,7 @@ fn model_for(weights: LlamaWeights, method: &Method) -> TrainModel {
 /// The `policy_versions` table: one row per version a training stage made.
 pub fn policy_versions_batch(rows: &[PolicyVersion]) -> Result<RecordBatch, ArrowError> {
     Columns::default()
+        .str("model", rows.iter().map(|r| r.model.key()))
         .u64("version", rows.iter().map(|r| r.version))
         .u64("parent_version", rows.iter().map(|r| r.parent))
         .str("stage", rows.iter().map(|r| r.stage.as_str()))
@@ -207,6 +283,8 @@ pub fn policy_versions_batch(rows: &[PolicyVersion]) -> Result<RecordBatch, Arro
 
 /// A row of `policy_versions`.
 pub struct PolicyVersion {
+    /// Whose weights.
+    pub model: TrainedModel,
     /// This version.
     pub version: u64,
     /// The version it was trained from.
@@ -244,6 +322,8 @@ pub fn checkpoints_table() -> TableSpec {
 /// and each copy of it would add as much to a training run's peak memory.
 #[derive(Debug)]
 pub struct Checkpoint {
+    /// Whose weights.
+    pub model: TrainedModel,
     /// The version.
     pub version: u64,
     /// AdamW's step count.
@@ -263,6 +343,7 @@ pub struct Checkpoint {
 impl Default for Checkpoint {
     fn default() -> Self {
         Checkpoint {
+            model: TrainedModel::Model,
             version: 0,
             adam_step: 0,
             tokens_trained: 0,
@@ -286,13 +367,13 @@ fn fill_from(target: &mut [f32], bytes: &[u8], what: &str) -> Result<(), String>
 }
 
 impl Checkpoint {
-    /// The checkpoint of `state`.
-    pub fn of(state: &TrainState) -> Checkpoint {
-        let model = &state.trainer.model;
-        let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
+    /// The checkpoint of `state`, the trainer of `model`.
+    pub fn of(model: TrainedModel, state: &TrainState) -> Checkpoint {
+        let trained = &state.trainer.model;
+        let kind = if trained.adapters.is_some() { "adapters" } else { "weights" };
         let adam = &state.trainer.adam;
         let groups: [(&str, Vec<&Vec<f32>>); 3] =
-            [(kind, model.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
+            [(kind, trained.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
         let count = groups.iter().map(|(_, tensors)| tensors.len()).sum();
         let bytes = groups.iter().flat_map(|(_, tensors)| tensors.iter().map(|t| 4 * t.len())).sum();
         let mut names = Vec::with_capacity(count);
@@ -308,6 +389,7 @@ impl Checkpoint {
             }
         }
         Checkpoint {
+            model,
             version: state.version,
             adam_step: adam.step,
             tokens_trained: state.tokens_trained,
@@ -338,6 +420,7 @@ impl Checkpoint {
     pub fn batch(&self) -> Result<RecordBatch, ArrowError> {
         let rows = || self.names.iter();
         Columns::default()
+            .str("model", rows().map(|_| self.model.key()))
             .u64("version", rows().map(|_| self.version))
             .u64("adam_step", rows().map(|_| self.adam_step))
             .u64("tokens_trained", rows().map(|_| self.tokens_trained))
@@ -352,7 +435,10 @@ impl Checkpoint {
     pub fn read(batch: &RecordBatch) -> Result<Checkpoint, StageError> {
         let reader = Reader::new("checkpoints", batch);
         let first = |column: &str| -> Result<u64, StageError> { Ok(reader.u64(column)?.first().copied().unwrap_or(0)) };
+        let proposer =
+            TrainedModel::ProposerModel.holds(model_column("checkpoints", batch)?.first().copied().flatten());
         Ok(Checkpoint {
+            model: if proposer { TrainedModel::ProposerModel } else { TrainedModel::Model },
             version: first("version")?,
             adam_step: first("adam_step")?,
             tokens_trained: first("tokens_trained")?,
@@ -399,12 +485,21 @@ impl Checkpoint {
     }
 }
 
-/// The checkpoint of `version` among one step's `checkpoints` files (several training stages
-/// may run in a step), or the newest one when `None`.
-fn newest(batches: &[(u64, RecordBatch)], version: Option<u64>) -> Result<Option<Checkpoint>, StageError> {
+/// The checkpoint of `model`'s `version` among one step's `checkpoints` files (several
+/// training stages may run in a step, and a stage that trains two models writes both in its
+/// file), or its newest one when `None`.
+fn newest(
+    batches: &[(u64, RecordBatch)],
+    model: TrainedModel,
+    version: Option<u64>,
+) -> Result<Option<Checkpoint>, StageError> {
     let mut found: Option<Checkpoint> = None;
     for (_, batch) in batches {
-        let checkpoint = Checkpoint::read(batch)?;
+        // The rows of `model`: a contiguous run (each checkpoint's rows are written together).
+        let models = model_column("checkpoints", batch)?;
+        let Some(start) = models.iter().position(|m| model.holds(*m)) else { continue };
+        let rows = models[start..].iter().take_while(|m| model.holds(**m)).count();
+        let checkpoint = Checkpoint::read(&batch.slice(start, rows))?;
         let wanted = version.is_none_or(|v| v == checkpoint.version);
         if wanted && found.as_ref().is_none_or(|f| checkpoint.version > f.version) {
             found = Some(checkpoint);
@@ -413,12 +508,13 @@ fn newest(batches: &[(u64, RecordBatch)], version: Option<u64>) -> Result<Option
     Ok(found)
 }
 
-/// Restores the weights of `version` (the last one when `None`) from a run's checkpoints
-/// into a model built from `initial` as `method` says: what `sesa model export` serves. Only
-/// that version's checkpoint is read.
+/// Restores the weights of `model`'s `version` (the last one when `None`) from a run's
+/// checkpoints into a model built from `initial` as `method` says: what `sesa model export`
+/// serves. Only that version's checkpoint is read.
 pub async fn weights_at(
     root: &ArtifactStore,
     run_id: &str,
+    model: TrainedModel,
     version: Option<u64>,
     initial: LlamaWeights,
     method: &Method,
@@ -427,11 +523,14 @@ pub async fn weights_at(
     let mut made = Vec::new();
     for (_, batch) in read_table(root, run_id, "policy_versions").await? {
         let reader = Reader::new("policy_versions", &batch);
-        let (versions, steps) = (
+        let (models, versions, steps) = (
+            model_column("policy_versions", &batch).map_err(|e| corrupt(e.to_string()))?,
             reader.u64("version").map_err(|e| corrupt(e.to_string()))?,
             reader.u64("checkpoint_step").map_err(|e| corrupt(e.to_string()))?,
         );
-        made.extend(versions.into_iter().zip(steps));
+        made.extend(
+            models.into_iter().zip(versions.into_iter().zip(steps)).filter(|(m, _)| model.holds(*m)).map(|(_, v)| v),
+        );
     }
     let found = match version {
         Some(v) => made.iter().find(|(made, _)| *made == v),
@@ -439,18 +538,20 @@ pub async fn weights_at(
     };
     let missing = || match version {
         Some(v) => format!(
-            "no policy version {v}: see the `policy_versions` table (a stage's `keep_every` may have deleted its \
-             checkpoint)"
+            "no policy version {v} of `{}`: see the `policy_versions` table (a stage's `keep_every` may have \
+             deleted its checkpoint)",
+            model.key()
         ),
-        None => "the run has trained no policy version".into(),
+        None => format!("the run has trained no policy version of `{}`", model.key()),
     };
     let &(version, step) = found.ok_or_else(|| corrupt(missing()))?;
     let batches = read_table_steps(root, run_id, "checkpoints", Steps::Only(step)).await?;
-    let checkpoint =
-        newest(&batches, Some(version)).map_err(|e| corrupt(e.to_string()))?.ok_or_else(|| corrupt(missing()))?;
-    let mut model = model_for(initial, method);
-    checkpoint.apply_to_model(&mut model).map_err(corrupt)?;
-    Ok((version, model.serving_weights().into_owned()))
+    let checkpoint = newest(&batches, model, Some(version))
+        .map_err(|e| corrupt(e.to_string()))?
+        .ok_or_else(|| corrupt(missing()))?;
+    let mut restored = model_for(initial, method);
+    checkpoint.apply_to_model(&mut restored).map_err(corrupt)?;
+    Ok((version, restored.serving_weights().into_owned()))
 }
 
 /// What [`publish_version`] made: the tables of the new version, and how long serving took.
@@ -461,6 +562,24 @@ pub struct Published {
     pub checkpoints: RecordBatch,
     /// Milliseconds the policy took to take the weights.
     pub serve_ms: f64,
+}
+
+impl Published {
+    /// The tables of several versions made by one stage (one per model it trained), as one.
+    pub fn merge(parts: Vec<Published>) -> Result<Published, ArrowError> {
+        let concat = |tables: Vec<&RecordBatch>| -> Result<RecordBatch, ArrowError> {
+            let schema = tables.first().map_or_else(|| Arc::new(arrow_schema::Schema::empty()), |t| t.schema());
+            arrow_select::concat::concat_batches(&schema, tables)
+        };
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        Ok(Published {
+            policy_versions: concat(parts.iter().map(|p| &p.policy_versions).collect())?,
+            checkpoints: concat(parts.iter().map(|p| &p.checkpoints).collect())?,
+            serve_ms: parts.iter().map(|p| p.serve_ms).sum(),
+        })
+    }
 }
 
 /// Makes the trainer's weights the next policy version after `parent`: the policy serves them
@@ -474,13 +593,14 @@ pub async fn publish_version(
     parent: u64,
 ) -> Result<(TrainState, Published), StageError> {
     state.version = parent + 1;
-    let policy = selfplay.policy.clone();
+    let policy = training.model.served_by(selfplay);
+    let model = training.model;
     let failed = |e: String| StageError::Failed(format!("serving the trained weights: {e}"));
     let (state, checkpoint, serve_ms) = tokio::task::spawn_blocking(move || {
         let clock = std::time::Instant::now();
         let loaded = policy.load_weights(&state.trainer.model.serving_weights(), state.version);
         let serve_ms = clock.elapsed().as_secs_f64() * 1e3;
-        let checkpoint = Checkpoint::of(&state);
+        let checkpoint = Checkpoint::of(model, &state);
         loaded.map(|()| (state, checkpoint, serve_ms)).map_err(|e| e.to_string())
     })
     .await
@@ -488,6 +608,7 @@ pub async fn publish_version(
     .map_err(failed)?;
     let (sha256, bytes) = checkpoint.digest();
     let version = PolicyVersion {
+        model,
         version: state.version,
         parent,
         stage: cx.stage_name().to_string(),
@@ -522,7 +643,7 @@ mod tests {
     #[test]
     fn a_checkpoints_digest_covers_every_tensors_little_endian_bytes_in_order() {
         let saved = state(3);
-        let checkpoint = Checkpoint::of(&saved);
+        let checkpoint = Checkpoint::of(TrainedModel::Model, &saved);
         let model = &saved.trainer.model;
         let adam = &saved.trainer.adam;
         let tensors: Vec<&Vec<f32>> = model.trained().into_iter().chain(&adam.m).chain(&adam.v).collect();
@@ -547,7 +668,7 @@ mod tests {
         saved.proposer_baseline = Some(-0.25);
         saved.trainer.adam.step = 3;
         saved.trainer.adam.m[0][0] = 0.5;
-        let batch = Checkpoint::of(&saved).batch().unwrap();
+        let batch = Checkpoint::of(TrainedModel::Model, &saved).batch().unwrap();
         let mut restored = state(2);
         Checkpoint::read(&batch).unwrap().apply(&mut restored).unwrap();
         assert_eq!(restored.trainer.model.weights, saved.trainer.model.weights);

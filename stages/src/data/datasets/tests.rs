@@ -31,6 +31,22 @@ fn a_malformed_line_is_named() {
     insta::assert_snapshot!(error, @"[DIR]/q.jsonl:2: expected a FlashRAG question {id, question, golden_answers}: missing field `golden_answers` at line 1 column 30");
 }
 
+#[test]
+fn supporting_relations_must_match_the_supporting_titles() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.jsonl");
+    let line = |relations: &str| {
+        format!(
+            "{{\"question\": \"Q?\", \"golden_answers\": [\"x\"], \"supporting_titles\": [\"A\", \"B\"], \"supporting_relations\": {relations}}}\n"
+        )
+    };
+    std::fs::write(&path, line("[\"mother\", \"country\"]")).unwrap();
+    assert_eq!(load_questions(&path).unwrap()[0].supporting_relations, ["mother", "country"]);
+    std::fs::write(&path, line("[\"mother\"]")).unwrap();
+    let error = load_questions(&path).unwrap_err().to_string().replace(&dir.path().display().to_string(), "[DIR]");
+    insta::assert_snapshot!(error, @"[DIR]/q.jsonl:1: `supporting_relations` names 1 relations for 2 `supporting_titles`: give one per title, or none");
+}
+
 /// `tests/fixtures/verl_sample.parquet` was written by DuckDB in the layout of Search-R1's
 /// `nq_search.py` (see the fixture's README).
 #[test]

@@ -34,6 +34,19 @@ fn every_question_is_answerable_from_its_supporting_passages_in_order() {
     for q in w.questions() {
         hops_seen.insert(q.hops);
         assert_eq!(q.supporting_titles.len(), q.hops as usize, "{q:?}");
+        assert_eq!(q.supporting_relations.len(), q.hops as usize, "{q:?}");
+        // The question names the relation of its last hop ("In which country is …?").
+        let last_relation = q.supporting_relations.last().unwrap().split(' ').next_back().unwrap();
+        let last_relation = match last_relation {
+            "birthplace" => "born",
+            "headquarters" => "headquartered",
+            "author" => "wrote",
+            "founder" => "founded",
+            "spouse" => "married",
+            "employer" => "work for",
+            other => other,
+        };
+        assert!(q.question.contains(last_relation), "{q:?}");
         assert_eq!(q.golden_answers.len(), 1);
         let answer = &q.golden_answers[0];
         assert!(q.question.contains(&q.supporting_titles[0]), "the chain starts at a named entity: {q:?}");

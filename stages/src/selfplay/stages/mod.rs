@@ -102,7 +102,7 @@ fn outcome_name(outcome: &Outcome) -> String {
     }
 }
 
-/// Episodes played by `role` with the run's policy and search, with progress; returns the
+/// Episodes played by `role` with its policy and the run's search, with progress; returns the
 /// trajectories and the milliseconds spent in generation and in search.
 async fn play(
     cx: &sesa_engine::StageContext,
@@ -112,7 +112,7 @@ async fn play(
 ) -> Result<(Vec<Trajectory>, f64, f64), StageError> {
     let agent = crate::agent::AgentRun {
         role,
-        policy: selfplay.policy.as_ref(),
+        policy: selfplay.policy_of(role).as_ref(),
         search: selfplay.search.as_ref(),
         top_k: selfplay.top_k,
         limits: selfplay.agent.limits(),

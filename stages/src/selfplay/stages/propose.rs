@@ -158,7 +158,7 @@ impl Stage for Propose {
                 .iter()
                 .enumerate()
                 .map(|(i, target)| Episode {
-                    prompt: selfplay.policy.render_chat(&template.render(&BTreeMap::from([
+                    prompt: selfplay.policy_of(Role::Proposer).render_chat(&template.render(&BTreeMap::from([
                         ("answer", target.answer.clone()),
                         ("hops", target.hops.to_string()),
                     ]))),

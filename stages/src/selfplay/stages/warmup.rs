@@ -3,6 +3,7 @@
 //! trained weights are served from the next stage on and become a policy version.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
@@ -13,13 +14,16 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table};
+use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::load_questions;
 use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstrations};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
-use crate::selfplay::training::{Training, checkpoints_table, policy_versions_table, publish_version};
-use crate::train::{OptimizerConfig, StepReport};
+use crate::selfplay::training::{
+    Published, TrainedModel, Training, checkpoints_table, policy_versions_table, publish_version, training_of,
+};
+use crate::train::{OptimizerConfig, StepReport, TrainSequence};
 
 /// Demonstrations written from a generated world's questions.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -132,8 +136,13 @@ impl Warmup {
             let questions = load_questions(&world.questions).map_err(|e| StageError::Failed(e.to_string()))?;
             let trainable = questions.len().saturating_sub(world.held_out);
             let used = world.limit.unwrap_or(usize::MAX).min(trainable);
-            let writer =
-                Writer { policy: selfplay.policy.as_ref(), search: selfplay.search.as_ref(), top_k: selfplay.top_k };
+            // Each role's demonstrations are tokenized by the policy that plays it.
+            let writer = |role| Writer {
+                policy: selfplay.policy_of(role).as_ref(),
+                search: selfplay.search.as_ref(),
+                top_k: selfplay.top_k,
+            };
+            let (solver_writer, proposer_writer) = (writer(Role::Solver), writer(Role::Proposer));
             let wants = |role: &str| world.roles.iter().any(|r| r == role);
             let proposer = if wants("proposer") {
                 Some(Templates::require(&selfplay.templates.proposer, "proposer")?)
@@ -145,12 +154,14 @@ impl Warmup {
                 .filter(|q| world.max_hops.is_none_or(|m| q.supporting_titles.len() <= m as usize))
             {
                 if wants("solver") {
-                    demonstrations
-                        .extend(writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?);
+                    demonstrations.extend(
+                        solver_writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?,
+                    );
                 }
                 if let Some(template) = proposer {
-                    demonstrations
-                        .extend(writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?);
+                    demonstrations.extend(
+                        proposer_writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?,
+                    );
                 }
             }
         }
@@ -163,6 +174,100 @@ impl Warmup {
             ));
         }
         Ok(demonstrations)
+    }
+}
+
+/// What training one model on its demonstrations made.
+struct Trained {
+    rows: Vec<TrainRow>,
+    optimizer_steps: usize,
+    published: Published,
+    version: u64,
+}
+
+impl Warmup {
+    /// Trains `training`'s model on `demonstrations` (shuffled by the step's seed in stream
+    /// `stream`) and publishes the new version.
+    async fn train(
+        &self,
+        cx: &StageContext,
+        selfplay: &Arc<SelfPlay>,
+        training: &Arc<Training>,
+        demonstrations: &[Demonstration],
+        stream: u64,
+    ) -> Result<Trained, StageError> {
+        // The order of each epoch: shuffled by the step's seed, then each optimizer step's
+        // demonstrations grouped by role (its micro-batches then mostly hold one role).
+        let mut batches: Vec<(u64, Vec<usize>)> = Vec::new();
+        for epoch in 0..self.config.epochs as u64 {
+            let mut order: Vec<usize> = (0..demonstrations.len()).collect();
+            order.shuffle(&mut cx.rng(stream << 32 | epoch));
+            for chunk in order.chunks(self.config.batch) {
+                let mut chunk = chunk.to_vec();
+                chunk.sort_by_key(|&i| demonstrations[i].role);
+                batches.push((epoch, chunk));
+            }
+        }
+        let mut state = training.take().await?;
+        state.optimizer_for(cx.stage_name());
+        let parent = state.version;
+        let optimizer = self.config.optimizer.clone();
+        let mut progress = cx.progress(batches.len() as u64);
+        let total = batches.len() as u64;
+        let demos: Vec<TrainSequence> = demonstrations.iter().map(|d| d.sequence.clone()).collect();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let worker = tokio::task::spawn_blocking(move || {
+            let mut state = state;
+            // The schedule spans this run's optimizer steps, after those the trainer took before.
+            let (first, last) = (state.trainer.adam.step + 1, state.trainer.adam.step + total);
+            let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
+            for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
+                let sequences: Vec<_> = chunk.iter().map(|&i| demos[i].clone()).collect();
+                let lr = optimizer.lr_at(first + n as u64, last);
+                match state.trainer.supervised_step(&sequences, &optimizer, lr) {
+                    Ok(report) => reports.push((epoch, chunk, report)),
+                    Err(e) => return (state, Err(e.to_string())),
+                }
+                let _ = tx.send(());
+            }
+            (state, Ok(reports))
+        });
+        while rx.recv().await.is_some() {
+            progress.inc(1);
+        }
+        let (mut state, reports) = worker.await.map_err(|e| failed("the training thread", e))?;
+        let reports = match reports {
+            Ok(reports) => reports,
+            Err(e) => {
+                training.put(state).await;
+                return Err(failed("training", e));
+            }
+        };
+        let mut rows = Vec::new();
+        for (epoch, chunk, report) in &reports {
+            for (m, micro) in report.micro_batches.iter().enumerate() {
+                let mut roles: Vec<&str> =
+                    chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
+                roles.dedup();
+                rows.push(TrainRow {
+                    role: roles.join("+"),
+                    epoch: *epoch,
+                    optimizer_step: report.optimizer_step,
+                    micro_batch: m as u64,
+                    loss: micro.loss / micro.scored.max(1) as f64,
+                    tokens: micro.tokens as u64,
+                    trained_tokens: micro.scored as u64,
+                    grad_norm: report.grad_norm,
+                    lr: report.lr,
+                    wall_ms: micro.wall_ms,
+                });
+            }
+        }
+        state.tokens_trained += rows.iter().map(|r| r.tokens).sum::<u64>();
+        let (state, published) = publish_version(cx, selfplay, training, state, parent).await?;
+        let version = state.version;
+        training.put(state).await;
+        Ok(Trained { rows, optimizer_steps: reports.len(), published, version })
     }
 }
 
@@ -230,108 +335,55 @@ impl Stage for Warmup {
     async fn run(&self, cx: &StageContext, _inputs: Tables) -> Result<Tables, StageError> {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
-        let training = cx.resource::<Training>().map_err(|_| {
-            StageError::Failed(
-                "`warmup` trains in process: the spec's `model:` must use `backend: candle` (mistral.rs and \
-                 OpenAI-compatible servers cannot take trained weights in process)"
-                    .into(),
-            )
-        })?;
         let demonstrations = self.demonstrations.get_async(self.demonstrations(&selfplay)).await?;
-        // The order of each epoch: shuffled by the step's seed, then each optimizer step's
-        // demonstrations grouped by role (its micro-batches then mostly hold one role).
-        let mut batches: Vec<(u64, Vec<usize>)> = Vec::new();
-        for epoch in 0..self.config.epochs as u64 {
-            let mut order: Vec<usize> = (0..demonstrations.len()).collect();
-            order.shuffle(&mut cx.rng(epoch));
-            for chunk in order.chunks(self.config.batch) {
-                let mut chunk = chunk.to_vec();
-                chunk.sort_by_key(|&i| demonstrations[i].role);
-                batches.push((epoch, chunk));
+        // The demonstrations of each model trained: the shared one, or the proposer's own too.
+        let mut groups: Vec<(Arc<Training>, Vec<Demonstration>)> = Vec::new();
+        for demonstration in demonstrations.iter() {
+            let role = if demonstration.role == "proposer" { Role::Proposer } else { Role::Solver };
+            let training = training_of(cx, &selfplay, role, Self::KIND)?;
+            match groups.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &training)) {
+                Some((_, group)) => group.push(demonstration.clone()),
+                None => groups.push((training, vec![demonstration.clone()])),
             }
         }
-        let mut state = training.take().await?;
-        state.optimizer_for(cx.stage_name());
-        let parent = state.version;
-        let optimizer = self.config.optimizer.clone();
-        let mut progress = cx.progress(batches.len() as u64);
-        let total = batches.len() as u64;
-        let demos = demonstrations.clone();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let worker = tokio::task::spawn_blocking(move || {
-            let mut state = state;
-            // The schedule spans this run's optimizer steps, after those the trainer took before.
-            let (first, last) = (state.trainer.adam.step + 1, state.trainer.adam.step + total);
-            let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
-            for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
-                let sequences: Vec<_> = chunk.iter().map(|&i| demos[i].sequence.clone()).collect();
-                let lr = optimizer.lr_at(first + n as u64, last);
-                match state.trainer.supervised_step(&sequences, &optimizer, lr) {
-                    Ok(report) => reports.push((epoch, chunk, report)),
-                    Err(e) => return (state, Err(e.to_string())),
-                }
-                let _ = tx.send(());
-            }
-            (state, Ok(reports))
-        });
-        while rx.recv().await.is_some() {
-            progress.inc(1);
+        let (mut rows, mut published, mut optimizer_steps) = (Vec::new(), Vec::new(), 0);
+        let mut metrics = Vec::new();
+        for (g, (training, group)) in groups.iter().enumerate() {
+            let trained = self.train(cx, &selfplay, training, group, g as u64).await?;
+            optimizer_steps += trained.optimizer_steps;
+            rows.extend(trained.rows);
+            let key = match training.model {
+                TrainedModel::Model => "policy_version".to_string(),
+                TrainedModel::ProposerModel => "proposer_policy_version".to_string(),
+            };
+            metrics.push((key, trained.version as f64));
+            published.push(trained.published);
         }
-        let (mut state, reports) = worker.await.map_err(|e| failed("the training thread", e))?;
-        let reports = match reports {
-            Ok(reports) => reports,
-            Err(e) => {
-                training.put(state).await;
-                return Err(failed("training", e));
-            }
-        };
-        let mut rows = Vec::new();
-        for (epoch, chunk, report) in &reports {
-            for (m, micro) in report.micro_batches.iter().enumerate() {
-                let mut roles: Vec<&str> =
-                    chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
-                roles.dedup();
-                rows.push(TrainRow {
-                    role: roles.join("+"),
-                    epoch: *epoch,
-                    optimizer_step: report.optimizer_step,
-                    micro_batch: m as u64,
-                    loss: micro.loss / micro.scored.max(1) as f64,
-                    tokens: micro.tokens as u64,
-                    trained_tokens: micro.scored as u64,
-                    grad_norm: report.grad_norm,
-                    lr: report.lr,
-                    wall_ms: micro.wall_ms,
-                });
-            }
-        }
-        let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
-        state.tokens_trained += tokens;
         let train_ms = elapsed_ms(clock);
-        let (state, published) = publish_version(cx, &selfplay, &training, state, parent).await?;
+        let published = Published::merge(published)?;
         let count = |role: &str| demonstrations.iter().filter(|d| d.role == role).count() as f64;
         let last_loss = rows.iter().rev().take(8).map(|r| r.loss).sum::<f64>() / rows.len().clamp(1, 8) as f64;
-        let metrics = [
-            ("demonstrations", demonstrations.len() as f64),
-            ("solver_demonstrations", count("solver")),
-            ("proposer_demonstrations", count("proposer")),
-            ("user_demonstrations", count("user")),
-            ("optimizer_steps", reports.len() as f64),
-            ("tokens", tokens as f64),
-            ("trained_tokens", rows.iter().map(|r| r.trained_tokens as f64).sum()),
-            ("first_loss", rows.first().map_or(0.0, |r| r.loss)),
-            ("last_loss", last_loss),
-            ("train_ms", train_ms),
-            ("serve_ms", published.serve_ms),
-            ("policy_version", state.version as f64),
-            ("wall_ms", elapsed_ms(clock)),
+        let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
+        let mut all = vec![
+            ("demonstrations".to_string(), demonstrations.len() as f64),
+            ("solver_demonstrations".into(), count("solver")),
+            ("proposer_demonstrations".into(), count("proposer")),
+            ("user_demonstrations".into(), count("user")),
+            ("optimizer_steps".into(), optimizer_steps as f64),
+            ("tokens".into(), tokens as f64),
+            ("trained_tokens".into(), rows.iter().map(|r| r.trained_tokens as f64).sum()),
+            ("first_loss".into(), rows.first().map_or(0.0, |r| r.loss)),
+            ("last_loss".into(), last_loss),
+            ("train_ms".into(), train_ms),
+            ("serve_ms".into(), published.serve_ms),
         ];
-        let tables = Tables::new()
+        all.extend(metrics);
+        all.push(("wall_ms".into(), elapsed_ms(clock)));
+        let all: Vec<(&str, f64)> = all.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        Ok(Tables::new()
             .with("train_steps", train_steps_batch(cx.stage_name(), &rows)?)
             .with("policy_versions", published.policy_versions)
             .with("checkpoints", published.checkpoints)
-            .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?);
-        training.put(state).await;
-        Ok(tables)
+            .with("step_metrics", metrics_batch(cx.stage_name(), &all)?))
     }
 }

@@ -32,11 +32,12 @@ use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
 use super::{elapsed_ms, failed, metrics_batch, metrics_table};
+use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::SelfPlay;
 use crate::selfplay::training::{
-    PolicyVersion, Published, Training, checkpoints_table, policy_versions_batch, policy_versions_table,
-    publish_version,
+    PolicyVersion, Published, TrainState, TrainedModel, Training, checkpoints_table, policy_versions_batch,
+    policy_versions_table, publish_version, training_of,
 };
 use crate::train::{ClippedObjective, OptimizerConfig};
 
@@ -98,7 +99,8 @@ fn one() -> usize {
 struct Outcome {
     rows: Vec<UpdateRow>,
     published: Published,
-    version: u64,
+    /// The version each trained model is at now.
+    versions: Vec<(TrainedModel, u64)>,
     train_ms: f64,
 }
 
@@ -294,7 +296,13 @@ impl Stage for Update {
         metrics.push(("tokens".into(), tokens as f64));
         metrics.push(("train_ms".into(), outcome.train_ms));
         metrics.push(("serve_ms".into(), outcome.published.serve_ms));
-        metrics.push(("policy_version".into(), outcome.version as f64));
+        for (model, version) in &outcome.versions {
+            let key = match model {
+                TrainedModel::Model => "policy_version",
+                TrainedModel::ProposerModel => "proposer_policy_version",
+            };
+            metrics.push((key.into(), *version as f64));
+        }
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
         let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
@@ -329,7 +337,8 @@ impl Update {
         Ok(batches)
     }
 
-    /// Trains the run's own model.
+    /// Trains the run's own models: the shared one, or the proposer's and the solver's apart
+    /// (`proposer_model:`), each from its own trainer, the proposer's first.
     async fn in_process(
         &self,
         cx: &StageContext,
@@ -338,54 +347,92 @@ impl Update {
         temperature: f32,
         clock: Instant,
     ) -> Result<Outcome, StageError> {
-        let training = cx.resource::<Training>().map_err(|_| {
-            failed(
-                "update",
-                "`update` trains in process with `model: {backend: candle}`; for mistral.rs or OpenAI-compatible \
-                 servers give it an `external:` trainer",
-            )
-        })?;
-        let mut state = training.take().await?;
-        state.optimizer_for(cx.stage_name());
-        if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
-            state.reference = Some(training.reference_model().await?);
+        let mut trainings: Vec<(Arc<Training>, Vec<&'static str>)> = Vec::new();
+        for (role, name) in [(Role::Proposer, "proposer"), (Role::Solver, "solver")] {
+            if !self.trains(name) {
+                continue;
+            }
+            let training = training_of(cx, selfplay, role, Self::KIND)?;
+            match trainings.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &training)) {
+                Some((_, roles)) => roles.push(name),
+                None => trainings.push((training, vec![name])),
+            }
         }
-        let batches = self.batches(inputs, &mut state.proposer_baseline)?;
+        let mut states = Vec::new();
+        for (training, _) in &trainings {
+            let mut state = training.take().await?;
+            state.optimizer_for(cx.stage_name());
+            if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
+                state.reference = Some(training.reference_model().await?);
+            }
+            states.push(state);
+        }
+        let put_back = async |states: Vec<TrainState>| {
+            for ((training, _), state) in trainings.iter().zip(states) {
+                training.put(state).await;
+            }
+        };
+        // The proposer's running-mean baseline lives with the proposer's trainer.
+        let proposer = trainings.iter().position(|(_, roles)| roles.contains(&"proposer"));
+        let mut no_baseline = None;
+        let baseline = match proposer {
+            Some(p) => &mut states[p].proposer_baseline,
+            None => &mut no_baseline,
+        };
+        let batches = match self.batches(inputs, baseline) {
+            Ok(batches) => batches,
+            Err(e) => {
+                put_back(states).await;
+                return Err(e);
+            }
+        };
         if batches.iter().all(|b| b.samples.iter().all(|s| !s.has_ids())) {
-            training.put(state).await;
+            put_back(states).await;
             return Err(failed(
                 "update",
                 "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
             ));
         }
-        // The schedule's length, if every step's batches were this step's.
-        let total_lr_steps = cx.steps() * optimizer_steps(&batches, &self.config);
+        // Each trainer's batches, and its schedule's length if every step's were this step's.
+        let (mut work, mut rest): (Vec<(Vec<RoleBatch>, u64)>, Vec<RoleBatch>) = (Vec::new(), batches);
+        for (_, roles) in &trainings {
+            let mine;
+            (mine, rest) = rest.into_iter().partition(|b| roles.contains(&b.role));
+            let total_lr_steps = cx.steps() * optimizer_steps(&mine, &self.config);
+            work.push((mine, total_lr_steps));
+        }
         let config = self.config.clone();
-        let parent = state.version;
+        let parents: Vec<u64> = states.iter().map(|s| s.version).collect();
         let worker = tokio::task::spawn_blocking(move || {
-            let plan = Plan { config: &config, temperature, total_lr_steps };
             let mut rows = Vec::new();
-            for batch in &batches {
-                match update_role(&mut state, batch, &plan) {
-                    Ok(more) => rows.extend(more),
-                    Err(e) => return (state, Err(format!("{} update: {e}", batch.role))),
+            for (state, (batches, total_lr_steps)) in states.iter_mut().zip(&work) {
+                let plan = Plan { config: &config, temperature, total_lr_steps: *total_lr_steps };
+                for batch in batches {
+                    match update_role(state, batch, &plan) {
+                        Ok(more) => rows.extend(more),
+                        Err(e) => return (states, Err(format!("{} update: {e}", batch.role))),
+                    }
                 }
             }
-            (state, Ok(rows))
+            (states, Ok(rows))
         });
-        let (state, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
+        let (states, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
-                training.put(state).await;
+                put_back(states).await;
                 return Err(failed("update", e));
             }
         };
         let train_ms = elapsed_ms(clock);
-        let (state, published) = publish_version(cx, selfplay, &training, state, parent).await?;
-        let version = state.version;
-        training.put(state).await;
-        Ok(Outcome { rows, published, version, train_ms })
+        let (mut published, mut versions) = (Vec::new(), Vec::new());
+        for (((training, _), state), parent) in trainings.iter().zip(states).zip(parents) {
+            let (state, made) = publish_version(cx, selfplay, training, state, parent).await?;
+            versions.push((training.model, state.version));
+            published.push(made);
+            training.put(state).await;
+        }
+        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms })
     }
 
     /// Hands the batch to an external trainer and has the servers reload its checkpoint.
@@ -398,6 +445,12 @@ impl Update {
         temperature: f32,
         clock: Instant,
     ) -> Result<Outcome, StageError> {
+        if selfplay.proposer_policy.is_some() {
+            return Err(failed(
+                "update",
+                "an external trainer trains one policy, and the spec gives the proposer its own (`proposer_model:`)",
+            ));
+        }
         let latest = cx.resource::<ExternalCheckpoint>()?;
         let previous = latest.0.lock().expect("checkpoint lock").clone();
         let parent = selfplay.policy.version();
@@ -431,6 +484,7 @@ impl Update {
             .map_err(|e| failed("serving the new checkpoint", e))?;
         *latest.0.lock().expect("checkpoint lock") = Some(result.checkpoint.clone());
         let version = PolicyVersion {
+            model: TrainedModel::Model,
             version: parent + 1,
             parent,
             stage: cx.stage_name().to_string(),
@@ -446,6 +500,11 @@ impl Update {
             checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
             serve_ms: elapsed_ms(serving),
         };
-        Ok(Outcome { rows: external::rows(&batches, &result, train_ms), published, version: parent + 1, train_ms })
+        Ok(Outcome {
+            rows: external::rows(&batches, &result, train_ms),
+            published,
+            versions: vec![(TrainedModel::Model, parent + 1)],
+            train_ms,
+        })
     }
 }
