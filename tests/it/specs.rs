@@ -420,6 +420,30 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// A proposer served by a server cannot be trained in process, and an external trainer,
+/// whose contract carries one policy, is refused beside a proposer of its own.
+#[test]
+fn a_proposer_model_that_cannot_be_trained_is_refused_before_the_run() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let proposer = "proposer_model={backend: openai, base_url: 'http://127.0.0.1:9/v1', model: m}";
+    let validate = |update: &str| {
+        let args = ["validate", "specs/quickstart.yaml", "--set", proposer, "--set", update];
+        let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+        assert_eq!(output.status.code(), Some(2));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let text = validate("stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}}");
+    assert!(
+        text.contains("stages.update: `update` trains `proposer_model:` in process, which needs `backend: candle`"),
+        "{text}"
+    );
+    assert!(!text.contains("trains `model:`"), "the solver's model is served in process: {text}");
+    let text = validate(
+        "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [trainer], dir: ext}}",
+    );
+    assert!(text.contains("stages.update.external: an external trainer trains one policy"), "{text}");
+}
+
 #[test]
 fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
