@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use rand::{Rng, SeedableRng};
@@ -151,21 +152,56 @@ fn setup() -> tempfile::TempDir {
     dir
 }
 
+/// Runs `spec` into `store`; returns its tables and how long it took.
+fn run_reference(dir: &Path, spec: &str, store: &Path) -> (BTreeMap<(String, u64, String), RecordBatch>, Duration) {
+    let clock = std::time::Instant::now();
+    let output = run_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
+    let duration = clock.elapsed();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    (tables(&only_run(store)), duration)
+}
+
+/// Runs `spec` `trials` times, each killed at a random moment of a run as long as `duration`
+/// (loading, training, serving, evaluating or committing) and resumed; asserts each resumed
+/// run's tables are `reference`'s. Returns how many were killed before they completed.
+fn kill_and_resume(
+    dir: &Path,
+    spec: &str,
+    reference: &BTreeMap<(String, u64, String), RecordBatch>,
+    duration: Duration,
+    trials: usize,
+    seed: u64,
+) -> usize {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut interrupted = 0;
+    for trial in 0..trials {
+        let store = dir.join(format!("trial-{trial}"));
+        let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
+        std::thread::sleep(duration.mul_f64(rng.random_range(0.3..0.95)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+        interrupted += usize::from(manifest["status"] != "completed");
+        let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir);
+        assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
+        let tables = tables(&run);
+        assert_eq!(tables.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>(), "trial {trial}");
+        for (key, batch) in reference {
+            assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
+        }
+    }
+    interrupted
+}
+
 #[test]
 fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let dir = setup();
     let spec = spec(dir.path());
     let spec_arg = spec.to_str().unwrap();
     let reference_store = dir.path().join("reference");
-    let clock = std::time::Instant::now();
-    let output = run_sesa_with(
-        ChildRegistry::Stages,
-        &["run", spec_arg, "--store", reference_store.to_str().unwrap()],
-        dir.path(),
-    );
-    let duration = clock.elapsed();
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let reference = tables(&only_run(&reference_store));
+    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
     let versions: Vec<(u64, &str)> = reference
         .keys()
         .filter(|(t, _, _)| t == "policy_versions")
@@ -203,28 +239,7 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
         assert!(made_by.iter().all(|v| v == Some(step)), "step {step}: {made_by:?}");
     }
 
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut interrupted = 0;
-    for trial in 0..4 {
-        let store = dir.path().join(format!("trial-{trial}"));
-        let mut child =
-            spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
-        // Somewhere in the run: loading, training, serving, evaluating or committing.
-        std::thread::sleep(duration.mul_f64(rng.random_range(0.3..0.95)));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
-        let manifest: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
-        interrupted += usize::from(manifest["status"] != "completed");
-        let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir.path());
-        assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
-        let tables = tables(&run);
-        assert_eq!(tables.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>(), "trial {trial}");
-        for (key, batch) in &reference {
-            assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
-        }
-    }
+    let interrupted = kill_and_resume(dir.path(), spec_arg, &reference, duration, 4, 7);
     assert!(interrupted >= 2, "only {interrupted} trials were killed before the run completed");
 
     // At the end, `base` answers with the initial weights (a second copy), the loop's own
@@ -347,15 +362,7 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     let spec = write(dir.path(), "proposer.yaml", &text);
     let spec_arg = spec.to_str().unwrap();
     let reference_store = dir.path().join("reference");
-    let clock = std::time::Instant::now();
-    let output = run_sesa_with(
-        ChildRegistry::Stages,
-        &["run", spec_arg, "--store", reference_store.to_str().unwrap()],
-        dir.path(),
-    );
-    let duration = clock.elapsed();
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let reference = tables(&only_run(&reference_store));
+    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
     let table =
         |name: &str, step: u64, writer: &str| &reference[&(name.to_string(), step, format!("{writer}.parquet"))];
     let versions = |step: u64, writer: &str| {
@@ -378,23 +385,7 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
         assert!(solved.iter().all(|&v| v == step), "step {step}: {solved:?}");
     }
 
-    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-    for trial in 0..2 {
-        let store = dir.path().join(format!("trial-{trial}"));
-        let mut child =
-            spawn_sesa_with(ChildRegistry::Stages, &["run", spec_arg, "--store", store.to_str().unwrap()], dir.path());
-        std::thread::sleep(duration.mul_f64(rng.random_range(0.4..0.95)));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
-        let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir.path());
-        assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
-        let tables = tables(&run);
-        assert_eq!(tables.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>(), "trial {trial}");
-        for (key, batch) in &reference {
-            assert_eq!(tables.get(key), Some(batch), "trial {trial}: {key:?} differs");
-        }
-    }
+    kill_and_resume(dir.path(), spec_arg, &reference, duration, 2, 8);
 
     // Either model exports; the proposer's holds its own trained weights.
     let run = only_run(&reference_store);

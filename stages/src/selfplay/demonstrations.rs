@@ -21,7 +21,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::rules::ValidityRules;
-use crate::agent::{PromptTemplate, information_block};
+use crate::agent::{PromptTemplate, Role, information_block};
 use crate::columns::Reader;
 use crate::data::datasets::Question;
 use crate::policy::Policy;
@@ -37,6 +37,13 @@ pub struct Demonstration {
     pub hops: u8,
     /// The tokens to train on.
     pub sequence: TrainSequence,
+}
+
+impl Demonstration {
+    /// The role whose policy learns from it: a user's demonstrations are solver rollouts.
+    pub fn played_by(&self) -> Role {
+        if self.role == "proposer" { Role::Proposer } else { Role::Solver }
+    }
 }
 
 /// What writing demonstrations needs from the run.

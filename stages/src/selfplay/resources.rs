@@ -10,7 +10,10 @@ use sesa_engine::spec::Spec;
 use sesa_engine::{ArtifactStore, ConfigProblem, Resources, RunError, Stage, read_table};
 
 use super::rules::FailureQueue;
-use super::stages::{Consolidate, Evaluate, ExternalCheckpoint, Propose, Reward, Solve, Update, Verify, Warmup};
+use super::stages::{
+    Consolidate, Evaluate, ExternalCheckpoint, Propose, Reward, Solve, Update, UpdateConfig, Verify, Warmup,
+    WarmupConfig,
+};
 use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
@@ -227,7 +230,7 @@ impl LoopResources {
         let AgentSetup { policy, search, top_k, agent, prompts } = AgentSetup::from_spec(spec).await?;
         // In-process training needs the weights file the policy serves.
         let trainer = spec.section::<TrainerSection>().map(|s| (*s).clone()).unwrap_or_default();
-        let training_of = async |model: &ModelSection, trained| -> Result<_, SetupError> {
+        let trainer_for = async |model: &ModelSection, trained| -> Result<_, SetupError> {
             Ok(match model {
                 ModelSection::Candle(config) => Some(Arc::new(Training::new(
                     trained,
@@ -237,10 +240,10 @@ impl LoopResources {
                 _ => None,
             })
         };
-        let training = training_of(&model, TrainedModel::Model).await?;
+        let training = trainer_for(&model, TrainedModel::Model).await?;
         let (proposer_policy, proposer_training) = match spec.section::<ProposerModelSection>() {
             Some(proposer) => {
-                (Some(proposer.0.open().await?), training_of(&proposer.0, TrainedModel::ProposerModel).await?)
+                (Some(proposer.0.open().await?), trainer_for(&proposer.0, TrainedModel::ProposerModel).await?)
             }
             None => (None, None),
         };
@@ -410,53 +413,48 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
 }
 
 /// Stages that train in process a model served by mistral.rs or a server, and external
-/// trainers beside a `proposer_model:` (the external contract carries one policy).
+/// trainers beside a `proposer_model:` (the external contract carries one policy). Each
+/// training stage's roles are read from its typed config, with the stage's own defaults.
 fn training_without_a_trainer(spec: &Spec) -> Vec<ConfigProblem> {
     let Some(model) = spec.section::<ModelSection>() else {
         return Vec::new();
     };
     let proposer_model = spec.section::<ProposerModelSection>();
-    let in_process = |section: &ModelSection| matches!(section, ModelSection::Candle(_));
-    let both = || vec!["solver".to_string(), "proposer".to_string()];
-    let listed = |value: Option<&serde_json::Value>| -> Option<Vec<String>> {
-        Some(value?.as_array()?.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
-    };
     let mut problems = Vec::new();
     for stage in &spec.stages {
-        let config = stage.config();
+        let config = stage.config().clone();
+        // A config that does not parse is reported with the spec's other problems.
         let roles = match stage.kind.as_str() {
-            Warmup::KIND => {
-                let mut roles = match config.get("world").filter(|w| !w.is_null()) {
-                    Some(world) => listed(world.get("roles")).unwrap_or_else(both),
-                    None => Vec::new(),
-                };
-                if config.get("file").is_some_and(|f| !f.is_null()) {
-                    roles.push("solver".into());
+            Warmup::KIND => match serde_json::from_value::<WarmupConfig>(config) {
+                Ok(config) => config.trained_roles(),
+                Err(_) => continue,
+            },
+            Update::KIND => match serde_json::from_value::<UpdateConfig>(config) {
+                Ok(config) if config.external.is_some() => {
+                    if proposer_model.is_some() {
+                        problems.push(ConfigProblem::new(
+                            format!("stages.{}.external", stage.name),
+                            "an external trainer trains one policy, and the spec gives the proposer its own \
+                             (`proposer_model:`): train both in process (`backend: candle`), or share `model:`",
+                        ));
+                    }
+                    continue;
                 }
-                roles
-            }
-            Update::KIND if config.get("external").is_some_and(|e| !e.is_null()) => {
-                if proposer_model.is_some() {
-                    problems.push(ConfigProblem::new(
-                        format!("stages.{}.external", stage.name),
-                        "an external trainer trains one policy, and the spec gives the proposer its own \
-                         (`proposer_model:`): train both in process (`backend: candle`), or share `model:`",
-                    ));
-                }
-                continue;
-            }
-            Update::KIND => listed(config.get("roles")).unwrap_or_else(both),
+                Ok(config) => config.trained_roles(),
+                Err(_) => continue,
+            },
             _ => continue,
         };
         let mut keys: Vec<&str> = roles
             .iter()
-            .filter_map(|role| match (&proposer_model, role.as_str()) {
-                (Some(proposer), "proposer") if !in_process(&proposer.0) => Some("proposer_model"),
-                (Some(_), "proposer") => None,
-                _ if !in_process(&model) => Some("model"),
-                _ => None,
+            .map(|role| match (role, &proposer_model) {
+                (Role::Proposer, Some(proposer)) => (&proposer.0, "proposer_model"),
+                _ => (&*model, "model"),
             })
+            .filter(|(section, _)| !matches!(section, ModelSection::Candle(_)))
+            .map(|(_, key)| key)
             .collect();
+        keys.sort_unstable();
         keys.dedup();
         for key in keys {
             problems.push(ConfigProblem::new(

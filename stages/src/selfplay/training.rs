@@ -123,6 +123,22 @@ impl TrainedModel {
         }
     }
 
+    /// The step metric that records its policy version.
+    pub fn version_metric(self) -> &'static str {
+        match self {
+            TrainedModel::Model => "policy_version",
+            TrainedModel::ProposerModel => "proposer_policy_version",
+        }
+    }
+
+    /// The model whose weights play `role`: the proposer's own with `proposer_model:`.
+    pub fn playing(role: Role, selfplay: &crate::selfplay::SelfPlay) -> TrainedModel {
+        match (role, &selfplay.proposer_policy) {
+            (Role::Proposer, Some(_)) => TrainedModel::ProposerModel,
+            _ => TrainedModel::Model,
+        }
+    }
+
     /// The policy that serves these weights in the loop.
     pub fn served_by(self, selfplay: &crate::selfplay::SelfPlay) -> Arc<dyn Policy> {
         match self {
@@ -131,45 +147,62 @@ impl TrainedModel {
         }
     }
 
-    /// Whether a table row's `model` value (absent in runs made before proposers had their
-    /// own model: `model`) is this one.
-    fn holds(self, value: Option<&str>) -> bool {
-        value.unwrap_or("model") == self.key()
+    /// The model a table row's `model` value names (absent in runs made before proposers
+    /// could have their own: `model`).
+    fn from_column(value: Option<&str>) -> TrainedModel {
+        match value {
+            Some("proposer_model") => TrainedModel::ProposerModel,
+            _ => TrainedModel::Model,
+        }
     }
 }
 
 /// The `model` column of a `policy_versions` or `checkpoints` batch, one value per row
-/// (`None` for tables written before the column existed).
-fn model_column<'a>(table: &'a str, batch: &'a RecordBatch) -> Result<Vec<Option<&'a str>>, StageError> {
+/// (`model` for tables written before the column existed).
+fn model_column(table: &str, batch: &RecordBatch) -> Result<Vec<TrainedModel>, StageError> {
     if batch.column_by_name("model").is_none() {
-        return Ok(vec![None; batch.num_rows()]);
+        return Ok(vec![TrainedModel::Model; batch.num_rows()]);
     }
-    Ok(Reader::new(table, batch).str("model")?.into_iter().map(Some).collect())
+    Ok(Reader::new(table, batch).str("model")?.into_iter().map(|m| TrainedModel::from_column(Some(m))).collect())
 }
 
 /// The proposer's own trainer, a resource of runs with `proposer_model: {backend: candle}`.
 pub struct ProposerTraining(pub Arc<Training>);
 
-/// The trainer of `role`'s weights: the proposer's own with `proposer_model:`, else the run's.
-pub fn training_of(
+/// Items grouped by the trainer they go to (see [`by_training`]).
+pub type TrainingGroups<T> = Vec<(Arc<Training>, Vec<T>)>;
+
+/// `items` grouped by the trainer of the role each belongs to, in order of first appearance:
+/// one group when both roles share `model:`, the proposer's and the solver's apart with
+/// `proposer_model:`. `stage` names the stage in the error when a trainer is missing.
+pub fn by_training<T>(
     cx: &sesa_engine::StageContext,
     selfplay: &crate::selfplay::SelfPlay,
-    role: Role,
     stage: &str,
-) -> Result<Arc<Training>, StageError> {
-    let proposer_model = role == Role::Proposer && selfplay.proposer_policy.is_some();
-    let (found, key) = if proposer_model {
-        (cx.resource::<ProposerTraining>().map(|t| t.0.clone()), "proposer_model")
-    } else {
-        (cx.resource::<Training>(), "model")
-    };
-    let role = if role == Role::Proposer { "proposer" } else { "solver" };
-    found.map_err(|_| {
-        StageError::Failed(format!(
-            "`{stage}` trains the {role} in process, which needs the spec's `{key}:` to use `backend: candle` \
-             (mistral.rs and OpenAI-compatible servers cannot take trained weights in process)"
-        ))
-    })
+    items: impl IntoIterator<Item = (Role, T)>,
+) -> Result<TrainingGroups<T>, StageError> {
+    let mut groups: TrainingGroups<T> = Vec::new();
+    for (role, item) in items {
+        let model = TrainedModel::playing(role, selfplay);
+        if let Some((_, group)) = groups.iter_mut().find(|(training, _)| training.model == model) {
+            group.push(item);
+            continue;
+        }
+        let training = match model {
+            TrainedModel::Model => cx.resource::<Training>(),
+            TrainedModel::ProposerModel => cx.resource::<ProposerTraining>().map(|t| t.0.clone()),
+        };
+        let training = training.map_err(|_| {
+            StageError::Failed(format!(
+                "`{stage}` trains the {} in process, which needs the spec's `{}:` to use `backend: candle` \
+                 (mistral.rs and OpenAI-compatible servers cannot take trained weights in process)",
+                if role == Role::Proposer { "proposer" } else { "solver" },
+                model.key()
+            ))
+        })?;
+        groups.push((training, vec![item]));
+    }
+    Ok(groups)
 }
 
 /// The run's training resource.
@@ -435,10 +468,8 @@ impl Checkpoint {
     pub fn read(batch: &RecordBatch) -> Result<Checkpoint, StageError> {
         let reader = Reader::new("checkpoints", batch);
         let first = |column: &str| -> Result<u64, StageError> { Ok(reader.u64(column)?.first().copied().unwrap_or(0)) };
-        let proposer =
-            TrainedModel::ProposerModel.holds(model_column("checkpoints", batch)?.first().copied().flatten());
         Ok(Checkpoint {
-            model: if proposer { TrainedModel::ProposerModel } else { TrainedModel::Model },
+            model: model_column("checkpoints", batch)?.first().copied().unwrap_or(TrainedModel::Model),
             version: first("version")?,
             adam_step: first("adam_step")?,
             tokens_trained: first("tokens_trained")?,
@@ -497,8 +528,8 @@ fn newest(
     for (_, batch) in batches {
         // The rows of `model`: a contiguous run (each checkpoint's rows are written together).
         let models = model_column("checkpoints", batch)?;
-        let Some(start) = models.iter().position(|m| model.holds(*m)) else { continue };
-        let rows = models[start..].iter().take_while(|m| model.holds(**m)).count();
+        let Some(start) = models.iter().position(|m| *m == model) else { continue };
+        let rows = models[start..].iter().take_while(|m| **m == model).count();
         let checkpoint = Checkpoint::read(&batch.slice(start, rows))?;
         let wanted = version.is_none_or(|v| v == checkpoint.version);
         if wanted && found.as_ref().is_none_or(|f| checkpoint.version > f.version) {
@@ -529,7 +560,7 @@ pub async fn weights_at(
             reader.u64("checkpoint_step").map_err(|e| corrupt(e.to_string()))?,
         );
         made.extend(
-            models.into_iter().zip(versions.into_iter().zip(steps)).filter(|(m, _)| model.holds(*m)).map(|(_, v)| v),
+            models.into_iter().zip(versions.into_iter().zip(steps)).filter(|(m, _)| *m == model).map(|(_, v)| v),
         );
     }
     let found = match version {

@@ -24,9 +24,9 @@ pub use self::priming::Priming;
 pub use self::propose::Propose;
 pub use self::reward::Reward;
 pub use self::solve::Solve;
-pub use self::update::{ExternalCheckpoint, Update, train_with_sesa};
+pub use self::update::{ExternalCheckpoint, Update, UpdateConfig, train_with_sesa};
 pub use self::verify::Verify;
-pub use self::warmup::Warmup;
+pub use self::warmup::{Warmup, WarmupConfig};
 use crate::agent::{Outcome, Trajectory};
 use crate::columns::{Columns, schema_of};
 
@@ -100,6 +100,11 @@ fn outcome_name(outcome: &Outcome) -> String {
         Outcome::TokenBudget => "token_budget".into(),
         Outcome::ContextLimit => "context_limit".into(),
     }
+}
+
+/// The role a stage's config names (`solver` or `proposer`, checked when the stage is built).
+fn role_named(name: &str) -> crate::agent::Role {
+    if name == "proposer" { crate::agent::Role::Proposer } else { crate::agent::Role::Solver }
 }
 
 /// Episodes played by `role` with its policy and the run's search, with progress; returns the

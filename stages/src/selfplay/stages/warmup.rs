@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table};
+use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::load_questions;
@@ -21,7 +21,7 @@ use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstra
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
 use crate::selfplay::training::{
-    Published, TrainedModel, Training, checkpoints_table, policy_versions_table, publish_version, training_of,
+    Published, Training, by_training, checkpoints_table, policy_versions_table, publish_version,
 };
 use crate::train::{OptimizerConfig, StepReport, TrainSequence};
 
@@ -76,6 +76,18 @@ pub struct WarmupConfig {
     /// SmolLM2 checkpoint is 1.6 GB); every one by default.
     #[serde(default)]
     pub keep_every: Option<u64>,
+}
+
+impl WarmupConfig {
+    /// The roles whose policies it trains: those its world demonstrates, and the solver for a
+    /// user's file (rollouts).
+    pub fn trained_roles(&self) -> Vec<Role> {
+        let mut roles: Vec<Role> = self.world.iter().flat_map(|w| &w.roles).map(|name| role_named(name)).collect();
+        if self.file.is_some() {
+            roles.push(Role::Solver);
+        }
+        roles
+    }
 }
 
 fn one() -> usize {
@@ -193,18 +205,20 @@ impl Warmup {
         cx: &StageContext,
         selfplay: &Arc<SelfPlay>,
         training: &Arc<Training>,
-        demonstrations: &[Demonstration],
+        demonstrations: Vec<Demonstration>,
         stream: u64,
     ) -> Result<Trained, StageError> {
+        let roles: Vec<&'static str> = demonstrations.iter().map(|d| d.role).collect();
+        let sequences: Vec<TrainSequence> = demonstrations.into_iter().map(|d| d.sequence).collect();
         // The order of each epoch: shuffled by the step's seed, then each optimizer step's
         // demonstrations grouped by role (its micro-batches then mostly hold one role).
         let mut batches: Vec<(u64, Vec<usize>)> = Vec::new();
         for epoch in 0..self.config.epochs as u64 {
-            let mut order: Vec<usize> = (0..demonstrations.len()).collect();
+            let mut order: Vec<usize> = (0..roles.len()).collect();
             order.shuffle(&mut cx.rng(stream << 32 | epoch));
             for chunk in order.chunks(self.config.batch) {
                 let mut chunk = chunk.to_vec();
-                chunk.sort_by_key(|&i| demonstrations[i].role);
+                chunk.sort_by_key(|&i| roles[i]);
                 batches.push((epoch, chunk));
             }
         }
@@ -214,7 +228,6 @@ impl Warmup {
         let optimizer = self.config.optimizer.clone();
         let mut progress = cx.progress(batches.len() as u64);
         let total = batches.len() as u64;
-        let demos: Vec<TrainSequence> = demonstrations.iter().map(|d| d.sequence.clone()).collect();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let worker = tokio::task::spawn_blocking(move || {
             let mut state = state;
@@ -222,9 +235,9 @@ impl Warmup {
             let (first, last) = (state.trainer.adam.step + 1, state.trainer.adam.step + total);
             let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
             for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
-                let sequences: Vec<_> = chunk.iter().map(|&i| demos[i].clone()).collect();
+                let batch: Vec<_> = chunk.iter().map(|&i| sequences[i].clone()).collect();
                 let lr = optimizer.lr_at(first + n as u64, last);
-                match state.trainer.supervised_step(&sequences, &optimizer, lr) {
+                match state.trainer.supervised_step(&batch, &optimizer, lr) {
                     Ok(report) => reports.push((epoch, chunk, report)),
                     Err(e) => return (state, Err(e.to_string())),
                 }
@@ -246,11 +259,10 @@ impl Warmup {
         let mut rows = Vec::new();
         for (epoch, chunk, report) in &reports {
             for (m, micro) in report.micro_batches.iter().enumerate() {
-                let mut roles: Vec<&str> =
-                    chunk[micro.sequences.clone()].iter().map(|&i| demonstrations[i].role).collect();
-                roles.dedup();
+                let mut held: Vec<&str> = chunk[micro.sequences.clone()].iter().map(|&i| roles[i]).collect();
+                held.dedup();
                 rows.push(TrainRow {
-                    role: roles.join("+"),
+                    role: held.join("+"),
                     epoch: *epoch,
                     optimizer_step: report.optimizer_step,
                     micro_batch: m as u64,
@@ -337,26 +349,14 @@ impl Stage for Warmup {
         let selfplay = cx.resource::<SelfPlay>()?;
         let demonstrations = self.demonstrations.get_async(self.demonstrations(&selfplay)).await?;
         // The demonstrations of each model trained: the shared one, or the proposer's own too.
-        let mut groups: Vec<(Arc<Training>, Vec<Demonstration>)> = Vec::new();
-        for demonstration in demonstrations.iter() {
-            let role = if demonstration.role == "proposer" { Role::Proposer } else { Role::Solver };
-            let training = training_of(cx, &selfplay, role, Self::KIND)?;
-            match groups.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &training)) {
-                Some((_, group)) => group.push(demonstration.clone()),
-                None => groups.push((training, vec![demonstration.clone()])),
-            }
-        }
+        let groups = by_training(cx, &selfplay, Self::KIND, demonstrations.iter().map(|d| (d.played_by(), d.clone())))?;
         let (mut rows, mut published, mut optimizer_steps) = (Vec::new(), Vec::new(), 0);
         let mut metrics = Vec::new();
-        for (g, (training, group)) in groups.iter().enumerate() {
-            let trained = self.train(cx, &selfplay, training, group, g as u64).await?;
+        for (g, (training, group)) in groups.into_iter().enumerate() {
+            let trained = self.train(cx, &selfplay, &training, group, g as u64).await?;
             optimizer_steps += trained.optimizer_steps;
             rows.extend(trained.rows);
-            let key = match training.model {
-                TrainedModel::Model => "policy_version".to_string(),
-                TrainedModel::ProposerModel => "proposer_policy_version".to_string(),
-            };
-            metrics.push((key, trained.version as f64));
+            metrics.push((training.model.version_metric().to_string(), trained.version as f64));
             published.push(trained.published);
         }
         let train_ms = elapsed_ms(clock);

@@ -31,13 +31,13 @@ use self::in_process::{Plan, optimizer_steps, update_role};
 use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
-use super::{elapsed_ms, failed, metrics_batch, metrics_table};
+use super::{elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::SelfPlay;
 use crate::selfplay::training::{
-    PolicyVersion, Published, TrainState, TrainedModel, Training, checkpoints_table, policy_versions_batch,
-    policy_versions_table, publish_version, training_of,
+    PolicyVersion, Published, TrainState, TrainedModel, by_training, checkpoints_table, policy_versions_batch,
+    policy_versions_table, publish_version,
 };
 use crate::train::{ClippedObjective, OptimizerConfig};
 
@@ -89,6 +89,13 @@ pub struct UpdateConfig {
 
 fn both_roles() -> Vec<String> {
     vec!["proposer".into(), "solver".into()]
+}
+
+impl UpdateConfig {
+    /// The roles it trains.
+    pub fn trained_roles(&self) -> Vec<Role> {
+        self.roles.iter().map(|name| role_named(name)).collect()
+    }
 }
 
 fn one() -> usize {
@@ -297,11 +304,7 @@ impl Stage for Update {
         metrics.push(("train_ms".into(), outcome.train_ms));
         metrics.push(("serve_ms".into(), outcome.published.serve_ms));
         for (model, version) in &outcome.versions {
-            let key = match model {
-                TrainedModel::Model => "policy_version",
-                TrainedModel::ProposerModel => "proposer_policy_version",
-            };
-            metrics.push((key.into(), *version as f64));
+            metrics.push((model.version_metric().into(), *version as f64));
         }
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
         let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -347,17 +350,8 @@ impl Update {
         temperature: f32,
         clock: Instant,
     ) -> Result<Outcome, StageError> {
-        let mut trainings: Vec<(Arc<Training>, Vec<&'static str>)> = Vec::new();
-        for (role, name) in [(Role::Proposer, "proposer"), (Role::Solver, "solver")] {
-            if !self.trains(name) {
-                continue;
-            }
-            let training = training_of(cx, selfplay, role, Self::KIND)?;
-            match trainings.iter_mut().find(|(t, _)| Arc::ptr_eq(t, &training)) {
-                Some((_, roles)) => roles.push(name),
-                None => trainings.push((training, vec![name])),
-            }
-        }
+        let roles = [(Role::Proposer, "proposer"), (Role::Solver, "solver")];
+        let trainings = by_training(cx, selfplay, Self::KIND, roles.into_iter().filter(|(_, name)| self.trains(name)))?;
         let mut states = Vec::new();
         for (training, _) in &trainings {
             let mut state = training.take().await?;
