@@ -233,6 +233,10 @@ enum Command {
         /// previous checkpoint): a GGUF file, a Hugging Face directory or a known model's name.
         #[arg(long, default_value = "smollm2-135m-instruct")]
         model: String,
+        /// The proposer's own initial model, for the manifests of a run whose proposer has one
+        /// (`proposer_model:`; the manifest's `model` is then `proposer_model`).
+        #[arg(long)]
+        proposer_model: Option<String>,
         /// Tokens per micro-batch at most.
         #[arg(long, default_value_t = 2048)]
         micro_batch_tokens: usize,
@@ -629,10 +633,14 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         Command::BenchTrain { model, tokens, method, steps, scored } => {
             crate::bench::bench_train(&model, tokens, &method, steps, scored).await
         }
-        Command::TrainExternal { manifest, model, micro_batch_tokens } => {
+        Command::TrainExternal { manifest, model, proposer_model, micro_batch_tokens } => {
             let model = sesa_stages::sections::local_model(&model).await?;
+            let proposer_model = match proposer_model {
+                Some(name) => Some(sesa_stages::sections::local_model(&name).await?),
+                None => None,
+            };
             let result = tokio::task::spawn_blocking(move || {
-                sesa_stages::selfplay::train_with_sesa(&manifest, &model, micro_batch_tokens)
+                sesa_stages::selfplay::train_with_sesa(&manifest, &model, proposer_model.as_deref(), micro_batch_tokens)
             })
             .await?
             .map_err(anyhow::Error::msg)?;

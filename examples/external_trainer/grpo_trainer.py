@@ -9,11 +9,15 @@ trains a Hugging Face causal LM with the same clipped objective as sesa's in-pro
 k3 KL penalty to the initial model, token-mean over each mini-batch), saves the new weights to
 the checkpoint directory and writes result.json. Exit 0 only when all of that succeeded.
 
-    python3 grpo_trainer.py --model INITIAL_HF_DIR MANIFEST
+    python3 grpo_trainer.py --model INITIAL_HF_DIR [--proposer-model PROPOSER_HF_DIR] MANIFEST
     # in a spec:
     #   update: {kind: update, optimizer: {...},
     #            external: {command: [python3, examples/external_trainer/grpo_trainer.py,
     #                                 --model, /models/initial], dir: external/}}
+
+When the spec gives the proposer its own model (`proposer_model:`), sesa runs the trainer once
+per model and each manifest's "model" says which ("model" or "proposer_model"): the proposer's
+starts from --proposer-model.
 
 Like `sesa train-external`, it keeps no optimizer state between steps (AdamW starts afresh);
 a trainer that runs for the whole run would keep it.
@@ -80,6 +84,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("manifest")
     parser.add_argument("--model", required=True, help="the initial model (HF directory): KL reference and start")
+    parser.add_argument("--proposer-model", help="the proposer's own initial model, for manifests of `proposer_model`")
     parser.add_argument("--result", help="override the manifest's result path")
     parser.add_argument("--checkpoint-dir", help="override the manifest's checkpoint directory")
     args = parser.parse_args()
@@ -89,15 +94,20 @@ def main():
     manifest = json.load(open(args.manifest))
     if manifest["contract"] != 1:
         sys.exit(f"contract {manifest['contract']} is not the supported 1")
+    initial = args.model
+    if manifest.get("model", "model") == "proposer_model":
+        if not args.proposer_model:
+            sys.exit(f"{args.manifest} trains the proposer's own model: give its initial weights with --proposer-model")
+        initial = args.proposer_model
     result_path = args.result or manifest["result"]
     checkpoint_dir = args.checkpoint_dir or manifest["checkpoint_dir"]
     table = pq.read_table(manifest["batch"]).to_pylist()
-    start = manifest.get("previous_checkpoint") or args.model
+    start = manifest.get("previous_checkpoint") or initial
     model = AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32)
     loss_settings, optimizer_settings = manifest["loss"], manifest["optimizer"]
     reference = None
     if loss_settings["kl_coef"] > 0:
-        reference = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
+        reference = AutoModelForCausalLM.from_pretrained(initial, torch_dtype=torch.float32).eval()
     betas = optimizer_settings.get("betas", [0.9, 0.999])
     adam = torch.optim.AdamW(
         model.parameters(),
@@ -152,7 +162,7 @@ def main():
             logprob_gap_max=gap.max().item(),
         )
     model.save_pretrained(checkpoint_dir, safe_serialization=True)
-    AutoTokenizer.from_pretrained(args.model).save_pretrained(checkpoint_dir)
+    AutoTokenizer.from_pretrained(initial).save_pretrained(checkpoint_dir)
     partial = result_path + ".partial"
     json.dump({"checkpoint": checkpoint_dir, "metrics": metrics}, open(partial, "w"), indent=2)
     os.replace(partial, result_path)

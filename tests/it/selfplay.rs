@@ -124,15 +124,19 @@ stages:
 
 /// The loop's resources with the scripted policy, recording every context it is given.
 pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
-    resources_with_judge(dir, contexts, None)
+    resources_with(dir, contexts, None, false)
 }
 
-/// [`resources`] with a `judge:` model.
-fn resources_with_judge(
+/// [`resources`] with a `judge:` model, and with `proposer_model`, a scripted proposer of its
+/// own (the same script).
+fn resources_with(
     dir: &Path,
     contexts: Arc<Mutex<Vec<String>>>,
     judge: Option<Arc<dyn sesa_stages::policy::Policy>>,
+    proposer_model: bool,
 ) -> LoopResources {
+    let proposer_policy: Option<Arc<dyn sesa_stages::policy::Policy>> =
+        proposer_model.then(|| Arc::new(ScriptedPolicy::new(script)) as _);
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
         contexts.lock().unwrap().push(context.to_string());
         script(context, seed)
@@ -140,7 +144,7 @@ fn resources_with_judge(
     let load = |name: &str, kind| Some(PromptTemplate::load_kind(&prompts().join(name), kind).unwrap());
     let selfplay = SelfPlay {
         policy: Arc::new(policy),
-        proposer_policy: None,
+        proposer_policy,
         judge,
         search: Arc::new(Arc::new(Bm25Index::open(&dir.join("index")).unwrap())),
         top_k: 2,
@@ -453,7 +457,7 @@ async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
         let question = after_last(context, "Question: ", "\n");
         if question.len().is_multiple_of(2) { "Correct" } else { "Wrong" }.to_string()
     });
-    let resources = resources_with_judge(world(), Arc::default(), Some(Arc::new(judge)));
+    let resources = resources_with(world(), Arc::default(), Some(Arc::new(judge)), false);
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
     let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
@@ -581,7 +585,8 @@ async fn a_short_real_run_of_the_quickstart() {
 }
 
 /// A stand-in for an external trainer (the contract needs no torch): a shell script that checks
-/// what sesa hands it and writes a result, fails or hangs, as the file `mode` says.
+/// what sesa hands it and writes a result, fails or hangs, as the file `mode` says
+/// (`model-fails-at-3`: only the trainer of `model:`'s weights fails, at step 3).
 pub(crate) fn external_trainer(dir: &Path) -> (PathBuf, PathBuf) {
     let mode = dir.join("mode");
     let script = dir.join("trainer.sh");
@@ -595,6 +600,10 @@ test -s "$(dirname "$SESA_MANIFEST")/batch.parquet"
 case "$(cat {mode})" in
   fail) echo "boom: out of GPU memory" >&2; exit 3 ;;
   hang) sleep 60 ;;
+  model-fails-at-3)
+    if grep -q '"model": "model"' "$SESA_MANIFEST" && grep -q '"step": 3,' "$SESA_MANIFEST"; then
+      echo "boom: the solver's trainer" >&2; exit 3
+    fi ;;
 esac
 mkdir -p "$SESA_CHECKPOINT_DIR"
 echo weights > "$SESA_CHECKPOINT_DIR/model.safetensors"
@@ -607,15 +616,15 @@ printf '{{"checkpoint": "%s", "metrics": {{"solver": {{"loss": 0.5, "optimizer_s
     (script, mode)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_fails_the_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let (trainer, mode) = external_trainer(dir.path());
-    let reloads = dir.path().join("reloads.txt");
-    let reload = dir.path().join("reload.sh");
-    std::fs::write(&reload, format!("echo \"$SESA_POLICY_VERSION $SESA_CHECKPOINT\" >> {}\n", reloads.display()))
-        .unwrap();
-    let external = dir.path().join("external");
+/// The scripted loop's spec in `dir` with an `update` by the external `trainer` and a reload
+/// command that appends `SESA_MODEL SESA_POLICY_VERSION SESA_CHECKPOINT` to a file: the spec,
+/// the trainer's directory and that file.
+fn external_spec(dir: &Path, trainer: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let reloads = dir.join("reloads.txt");
+    let reload = dir.join("reload.sh");
+    let line = "\"$SESA_MODEL $SESA_POLICY_VERSION $SESA_CHECKPOINT\"";
+    std::fs::write(&reload, format!("echo {line} >> {}\n", reloads.display())).unwrap();
+    let external = dir.join("external");
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
     let text = format!(
         "{}  update:\n    kind: update\n    after: [consolidate]\n    optimizer: {{lr: 1.0e-6}}\n    external: {{command: [sh, {}], dir: {}, timeout_s: 2, reload_command: [sh, {}]}}\n",
@@ -625,28 +634,40 @@ async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_
         external.display(),
         reload.display()
     );
-    let spec = dir.path().join("spec.yaml");
+    let spec = dir.join("spec.yaml");
     std::fs::write(&spec, &text).unwrap();
-    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
-    let contexts = Arc::new(Mutex::new(Vec::new()));
-    let attempt = |id: Option<String>| {
-        let (root, spec, contexts) = (&root, &spec, contexts.clone());
-        async move {
-            let mut run = match &id {
-                None => {
-                    let pipeline = load_pipeline(spec, &[], &sesa_stages::registry()).unwrap();
-                    Run::create(root, pipeline, "test").await.unwrap()
-                }
-                Some(id) => Run::open(root, id, &sesa_stages::registry()).await.unwrap(),
-            };
-            let fresh = resources(world(), contexts);
-            fresh.restore(root, run.id()).await.unwrap();
-            run = run.with_resources(|r| fresh.install(r));
-            let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
-            let outcome = run.execute(&Progress::new(ProgressMode::Hidden), stop).await;
-            (run.id().to_string(), run.manifest().committed_steps, outcome.map_err(|e| format!("{e:#}")))
+    (spec, external, reloads)
+}
+
+/// Creates a run of `spec` (or opens run `id`), restores `fresh` from it and runs it to its end
+/// or first failure: the run's id, its committed steps and the outcome.
+async fn external_attempt(
+    root: &ArtifactStore,
+    spec: &Path,
+    id: Option<String>,
+    fresh: LoopResources,
+) -> (String, u64, Result<RunOutcome, String>) {
+    let mut run = match &id {
+        None => {
+            let pipeline = load_pipeline(spec, &[], &sesa_stages::registry()).unwrap();
+            Run::create(root, pipeline, "test").await.unwrap()
         }
+        Some(id) => Run::open(root, id, &sesa_stages::registry()).await.unwrap(),
     };
+    fresh.restore(root, run.id()).await.unwrap();
+    run = run.with_resources(|r| fresh.install(r));
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    let outcome = run.execute(&Progress::new(ProgressMode::Hidden), stop).await;
+    (run.id().to_string(), run.manifest().committed_steps, outcome.map_err(|e| format!("{e:#}")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_fails_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trainer, mode) = external_trainer(dir.path());
+    let (spec, external, reloads) = external_spec(dir.path(), &trainer);
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let attempt = |id: Option<String>| external_attempt(&root, &spec, id, resources(world(), Arc::default()));
 
     // A trainer that exits non-zero fails the step: nothing of it is committed, and the error
     // names the command and shows its output.
@@ -674,7 +695,7 @@ async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_
     assert_eq!(committed, 4);
     let checkpoint = |step: u64| external.join(format!("step-{step:08}/checkpoint")).display().to_string();
     let reloaded = std::fs::read_to_string(&reloads).unwrap();
-    let expected: Vec<String> = (1..=4).map(|v| format!("{v} {}", checkpoint(v))).collect();
+    let expected: Vec<String> = (1..=4).map(|v| format!("model {v} {}", checkpoint(v))).collect();
     assert_eq!(reloaded.lines().collect::<Vec<_>>(), expected);
     let versions = read_table(&root, &id, "policy_versions").await.unwrap();
     for (step, batch) in &versions {
@@ -708,4 +729,74 @@ async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_
         *sums.entry(groups[i]).or_default() += advantages[i].unwrap();
     }
     assert!(sums.values().all(|s| s.abs() < 1e-6), "{sums:?}");
+}
+
+/// With `proposer_model:`, each model gets its own manifest, batch and checkpoint, and the
+/// servers reload only when both trainers succeeded; a resumed run starts each model's next
+/// update from its own last checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_trainer_trains_a_proposer_model_apart_and_reloads_only_when_both_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trainer, mode) = external_trainer(dir.path());
+    let (spec, external, reloads) = external_spec(dir.path(), &trainer);
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let fresh = || resources_with(world(), Arc::default(), None, true);
+    let checkpoint =
+        |step: u64, model: &str| external.join(format!("step-{step:08}/{model}/checkpoint")).display().to_string();
+    let manifest = |step: u64, model: &str| -> serde_json::Value {
+        let path = external.join(format!("step-{step:08}/{model}/manifest.json"));
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+
+    // Step 3's solver trainer fails after the proposer's succeeded: nothing of step 3 is
+    // committed or reloaded.
+    std::fs::write(&mode, "model-fails-at-3").unwrap();
+    let (id, committed, outcome) = external_attempt(&root, &spec, None, fresh()).await;
+    let error = outcome.unwrap_err();
+    assert!(error.contains("boom: the solver's trainer"), "{error}");
+    assert_eq!(committed, 2);
+    assert!(external.join("step-00000003/proposer_model/result.json").exists(), "the proposer's trainer ran");
+    let expected = |steps: u64| -> Vec<String> {
+        (1..=steps)
+            .flat_map(|v| {
+                [
+                    format!("proposer_model {v} {}", checkpoint(v, "proposer_model")),
+                    format!("model {v} {}", checkpoint(v, "model")),
+                ]
+            })
+            .collect()
+    };
+    assert_eq!(std::fs::read_to_string(&reloads).unwrap().lines().collect::<Vec<_>>(), expected(2));
+
+    // Resumed with fresh resources, each model's step-3 update starts from its own step-2
+    // checkpoint, and the run completes.
+    std::fs::write(&mode, "ok").unwrap();
+    let (_, committed, outcome) = external_attempt(&root, &spec, Some(id.clone()), fresh()).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Completed);
+    assert_eq!(committed, 4);
+    assert_eq!(std::fs::read_to_string(&reloads).unwrap().lines().collect::<Vec<_>>(), expected(4));
+    for model in ["proposer_model", "model"] {
+        let third = manifest(3, model);
+        assert_eq!(third["model"], model);
+        assert_eq!(third["policy_version"], 2);
+        assert_eq!(third["previous_checkpoint"], checkpoint(2, model));
+        let roles: Vec<&str> = third["roles"].as_array().unwrap().iter().map(|r| r[0].as_str().unwrap()).collect();
+        assert_eq!(roles, [if model == "model" { "solver" } else { "proposer" }]);
+    }
+    assert_eq!(manifest(1, "model")["previous_checkpoint"], serde_json::Value::Null);
+    for (step, batch) in &read_table(&root, &id, "policy_versions").await.unwrap() {
+        assert_eq!(strings(batch, "model"), ["proposer_model", "model"], "step {step}");
+        assert_eq!(unsigned(batch, "version"), [*step, *step]);
+        assert_eq!(
+            strings(batch, "external_checkpoint"),
+            [checkpoint(*step, "proposer_model"), checkpoint(*step, "model")]
+        );
+    }
+    for table in ["proposals", "rollouts"] {
+        for (step, batch) in read_table(&root, &id, table).await.unwrap() {
+            assert!(unsigned(&batch, "policy_version").iter().all(|&v| v == step - 1), "{table}, step {step}");
+        }
+    }
+    let updates = read_table(&root, &id, "updates").await.unwrap();
+    assert_eq!(strings(&updates[0].1, "role"), ["proposer", "solver"]);
 }

@@ -420,16 +420,15 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
-/// A proposer served by a server cannot be trained in process, and an external trainer,
-/// whose contract carries one policy, is refused beside a proposer of its own.
+/// A proposer served by a server cannot be trained in process; an external trainer can train it.
 #[test]
-fn a_proposer_model_that_cannot_be_trained_is_refused_before_the_run() {
+fn a_proposer_model_that_cannot_be_trained_in_process_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let proposer = "proposer_model={backend: openai, base_url: 'http://127.0.0.1:9/v1', model: m}";
     let validate = |update: &str| {
         let args = ["validate", "specs/quickstart.yaml", "--set", proposer, "--set", update];
         let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
-        assert_eq!(output.status.code(), Some(2));
+        assert_eq!(output.status.code(), Some(2), "the proposer's server is not there");
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let text = validate("stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}}");
@@ -439,9 +438,24 @@ fn a_proposer_model_that_cannot_be_trained_is_refused_before_the_run() {
     );
     assert!(!text.contains("trains `model:`"), "the solver's model is served in process: {text}");
     let text = validate(
-        "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [trainer], dir: ext}}",
+        "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [sh], dir: ext}}",
     );
-    assert!(text.contains("stages.update.external: an external trainer trains one policy"), "{text}");
+    assert!(!text.contains("in process"), "an external trainer trains both models: {text}");
+    assert!(text.contains("the spec has 1 problem"), "only the missing server is reported: {text}");
+}
+
+/// An external trainer starts from the initial weights it is configured with: after a warm
+/// start in process it would throw the warm start away.
+#[test]
+fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let external = "stages.update.external={command: [sh], dir: ext}";
+    let args = ["validate", "specs/learn.yaml", "--set", external, "--set", "stages.update.proposer_baseline=null"];
+    let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+    assert_eq!(output.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert!(text.contains("stages.update.external: `model:` is warm-started in process"), "{text}");
+    assert!(text.contains("the spec has 1 problem"), "{text}");
 }
 
 #[test]

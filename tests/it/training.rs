@@ -13,7 +13,7 @@ use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::policy::ModelFiles;
 use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
-use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_with, spawn_sesa_with, write};
+use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_script, sesa_with, spawn_sesa_with, write};
 
 /// A two-block llama of width 16 over SmolLM2's vocabulary, random weights drawn from `seed`.
 fn tiny_model(out: &Path, seed: u64) {
@@ -409,6 +409,68 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
         dir.path(),
     );
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 3 of `proposer_model`"));
+}
+
+/// `sesa train-external` behind the external contract trains a run's two models apart: each
+/// from its own initial weights, then from its own last checkpoint, which the in-process
+/// policies serve after each step.
+#[test]
+fn sesa_as_an_external_trainer_trains_a_proposer_model_apart() {
+    let dir = setup();
+    tiny_model(&dir.path().join("tiny-proposer"), 12);
+    let d = dir.path().display().to_string();
+    let trainer = sesa_script(
+        &dir.path().join("trainer.sh"),
+        &["train-external", "--model", &format!("{d}/tiny"), "--proposer-model", &format!("{d}/tiny-proposer")],
+    );
+    let text = std::fs::read_to_string(spec(dir.path()))
+        .unwrap()
+        .replace("steps: 3", "steps: 2")
+        .replace(
+            "trainer:",
+            &format!("proposer_model: {{backend: candle, model: {d}/tiny-proposer, cache_tokens: 2048}}\ntrainer:"),
+        )
+        .replace("after: [warmup]", "after: []")
+        .replace(
+            "    keep_every: 2\n",
+            &format!("    external: {{command: [sh, {}], dir: {d}/external}}\n", trainer.display()),
+        );
+    let text = text[..text.find("  warmup:").unwrap()].to_string() + &text[text.find("  propose:").unwrap()..];
+    let spec = write(dir.path(), "external.yaml", &text);
+    let store = dir.path().join("runs");
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["run", spec.to_str().unwrap(), "--store", store.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let run = tables(&only_run(&store));
+    let table = |name: &str, step: u64, writer: &str| &run[&(name.to_string(), step, format!("{writer}.parquet"))];
+    let checkpoint = |step: u64, model: &str| format!("{d}/external/step-{step:08}/{model}/checkpoint");
+    for step in 1..=2u64 {
+        let versions = table("policy_versions", step, "update");
+        assert_eq!(strings(versions, "model"), ["proposer_model", "model"]);
+        assert_eq!(integers(versions, "version"), [step, step]);
+        assert_eq!(
+            strings(versions, "external_checkpoint"),
+            [checkpoint(step, "proposer_model"), checkpoint(step, "model")]
+        );
+        let proposed = integers(table("proposals", step, "propose"), "policy_version");
+        assert!(proposed.iter().all(|&v| v == step - 1), "step {step}: {proposed:?}");
+    }
+    let weights = |path: &str| ModelFiles::read(Path::new(path)).unwrap().weights;
+    let initial_proposer = weights(&format!("{d}/tiny-proposer"));
+    let proposer = weights(&checkpoint(2, "proposer_model"));
+    assert!(proposer != initial_proposer, "the proposer's own weights were trained");
+    assert_eq!(proposer.shape, initial_proposer.shape);
+    assert!(proposer != weights(&checkpoint(2, "model")));
+    // A manifest of the proposer's model names it, and starts from its own last checkpoint.
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(format!("{d}/external/step-00000002/proposer_model/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["model"], "proposer_model");
+    assert_eq!(manifest["previous_checkpoint"], checkpoint(1, "proposer_model"));
 }
 
 /// `sesa ask` sets up as `sesa run` does: on a fresh directory it generates the spec's world

@@ -14,7 +14,7 @@ use super::stages::{
     Consolidate, Evaluate, ExternalCheckpoint, Propose, Reward, Solve, Update, UpdateConfig, Verify, Warmup,
     WarmupConfig,
 };
-use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training};
+use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training, model_column};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
@@ -216,7 +216,7 @@ impl LoopResources {
     /// (the policy version they record would depend on which finished first).
     pub fn training_problems(spec: &Spec) -> Vec<ConfigProblem> {
         let mut problems = unordered_policy_readers(spec);
-        problems.extend(training_without_a_trainer(spec));
+        problems.extend(misplaced_training(spec));
         problems
     }
 
@@ -332,20 +332,24 @@ impl LoopResources {
         for training in self.training.iter().chain(&self.proposer_training) {
             training.restore(root, run_id, training.model.served_by(&self.selfplay).as_ref()).await?;
         }
-        // An external trainer's last version: the servers hold it (they reloaded it before the
-        // step committed), and the next update starts from its checkpoint.
-        let mut last = None;
+        // Each model's last version by an external trainer: the servers hold it (they reloaded
+        // it before the step committed), and the model's next update starts from its checkpoint.
+        let mut last: Vec<(TrainedModel, u64, String)> = Vec::new();
         for (_, batch) in read_table(root, run_id, "policy_versions").await? {
             let reader = Reader::new("policy_versions", &batch);
             let versions = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
             let paths = reader.str("external_checkpoint").map_err(|e| corrupt(e.to_string()))?;
-            for (version, path) in versions.into_iter().zip(paths).filter(|(_, p)| !p.is_empty()) {
-                last = Some((version, path.to_string()));
+            let models = model_column("policy_versions", &batch).map_err(|e| corrupt(e.to_string()))?;
+            for ((model, version), path) in models.into_iter().zip(versions).zip(paths) {
+                if !path.is_empty() {
+                    last.retain(|(m, _, _)| *m != model);
+                    last.push((model, version, path.to_string()));
+                }
             }
         }
-        if let Some((version, path)) = last {
-            self.selfplay.policy.reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
-            *self.external.0.lock().expect("checkpoint lock") = Some(path);
+        for (model, version, path) in last {
+            model.served_by(&self.selfplay).reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
+            self.external.set(model, path);
         }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {
@@ -412,51 +416,48 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
         .collect())
 }
 
-/// Stages that train in process a model served by mistral.rs or a server, and external
-/// trainers beside a `proposer_model:` (the external contract carries one policy). Each
-/// training stage's roles are read from its typed config, with the stage's own defaults.
-fn training_without_a_trainer(spec: &Spec) -> Vec<ConfigProblem> {
+/// Who trains which model, as the spec's training stages would get it wrong: a stage that
+/// trains in process a model served by mistral.rs or a server, and a model warm-started in
+/// process and then updated by an external trainer, which would start from the initial weights
+/// it is configured with, not the warm start. Each training stage's roles are read from its
+/// typed config, with the stage's own defaults.
+fn misplaced_training(spec: &Spec) -> Vec<ConfigProblem> {
     let Some(model) = spec.section::<ModelSection>() else {
         return Vec::new();
     };
     let proposer_model = spec.section::<ProposerModelSection>();
-    let mut problems = Vec::new();
+    let (mut problems, mut warmed, mut external) = (Vec::new(), Vec::new(), Vec::new());
     for stage in &spec.stages {
         let config = stage.config().clone();
         // A config that does not parse is reported with the spec's other problems.
-        let roles = match stage.kind.as_str() {
+        let (roles, externally) = match stage.kind.as_str() {
             Warmup::KIND => match serde_json::from_value::<WarmupConfig>(config) {
-                Ok(config) => config.trained_roles(),
+                Ok(config) => (config.trained_roles(), false),
                 Err(_) => continue,
             },
             Update::KIND => match serde_json::from_value::<UpdateConfig>(config) {
-                Ok(config) if config.external.is_some() => {
-                    if proposer_model.is_some() {
-                        problems.push(ConfigProblem::new(
-                            format!("stages.{}.external", stage.name),
-                            "an external trainer trains one policy, and the spec gives the proposer its own \
-                             (`proposer_model:`): train both in process (`backend: candle`), or share `model:`",
-                        ));
-                    }
-                    continue;
-                }
-                Ok(config) => config.trained_roles(),
+                Ok(config) => (config.trained_roles(), config.external.is_some()),
                 Err(_) => continue,
             },
             _ => continue,
         };
-        let mut keys: Vec<&str> = roles
+        let mut models: Vec<(&str, &ModelSection)> = roles
             .iter()
             .map(|role| match (role, &proposer_model) {
-                (Role::Proposer, Some(proposer)) => (&proposer.0, "proposer_model"),
-                _ => (&*model, "model"),
+                (Role::Proposer, Some(proposer)) => ("proposer_model", &proposer.0),
+                _ => ("model", &*model),
             })
-            .filter(|(section, _)| !matches!(section, ModelSection::Candle(_)))
-            .map(|(_, key)| key)
             .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        for key in keys {
+        models.sort_unstable_by_key(|(key, _)| *key);
+        models.dedup_by_key(|(key, _)| *key);
+        if externally {
+            external.extend(models.into_iter().map(|(key, _)| (stage.name.as_str(), key)));
+            continue;
+        }
+        if stage.kind == Warmup::KIND {
+            warmed.extend(models.iter().map(|(key, _)| *key));
+        }
+        for (key, _) in models.iter().filter(|(_, section)| !matches!(section, ModelSection::Candle(_))) {
             problems.push(ConfigProblem::new(
                 format!("stages.{}", stage.name),
                 format!(
@@ -466,6 +467,16 @@ fn training_without_a_trainer(spec: &Spec) -> Vec<ConfigProblem> {
                 ),
             ));
         }
+    }
+    for (stage, key) in external.into_iter().filter(|(_, key)| warmed.contains(key)) {
+        problems.push(ConfigProblem::new(
+            format!("stages.{stage}.external"),
+            format!(
+                "`{key}:` is warm-started in process, but an external trainer starts from the initial weights it \
+                 is configured with, not the warm start: run the warm start alone, export it (`sesa model export \
+                 RUN --version 1`) and start this run and the trainer from the export"
+            ),
+        ));
     }
     problems
 }

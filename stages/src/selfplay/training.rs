@@ -159,7 +159,7 @@ impl TrainedModel {
 
 /// The `model` column of a `policy_versions` or `checkpoints` batch, one value per row
 /// (`model` for tables written before the column existed).
-fn model_column(table: &str, batch: &RecordBatch) -> Result<Vec<TrainedModel>, StageError> {
+pub(crate) fn model_column(table: &str, batch: &RecordBatch) -> Result<Vec<TrainedModel>, StageError> {
     if batch.column_by_name("model").is_none() {
         return Ok(vec![TrainedModel::Model; batch.num_rows()]);
     }

@@ -429,7 +429,9 @@ impl Update {
         Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms })
     }
 
-    /// Hands the batch to an external trainer and has the servers reload its checkpoint.
+    /// Hands each trained model's batch to the external trainer, the proposer's own model first
+    /// when it has one, and once every one succeeded has the servers reload their checkpoints:
+    /// a failing trainer leaves every server on the weights of the last committed step.
     async fn external(
         &self,
         cx: &StageContext,
@@ -439,66 +441,73 @@ impl Update {
         temperature: f32,
         clock: Instant,
     ) -> Result<Outcome, StageError> {
-        if selfplay.proposer_policy.is_some() {
-            return Err(failed(
-                "update",
-                "an external trainer trains one policy, and the spec gives the proposer its own (`proposer_model:`)",
-            ));
-        }
         let latest = cx.resource::<ExternalCheckpoint>()?;
-        let previous = latest.0.lock().expect("checkpoint lock").clone();
-        let parent = selfplay.policy.version();
-        let batches = self.batches(inputs, &mut None)?;
-        let directory = trainer.dir.join(format!("step-{:08}", cx.step()));
-        let manifest = Manifest {
-            contract: CONTRACT_VERSION,
-            step: cx.step(),
-            policy_version: parent,
-            next_version: parent + 1,
-            previous_checkpoint: previous,
-            batch: directory.join("batch.parquet"),
-            result: directory.join("result.json"),
-            checkpoint_dir: directory.join("checkpoint"),
-            roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
-            temperature,
-            loss: self.config.loss,
-            optimizer: self.config.optimizer.clone(),
-            ppo_epochs: self.config.ppo_epochs,
-            mini_batch: self.config.mini_batch,
-        };
-        let manifest_path = external::write_step(&directory, &external::batch_table(&batches)?, &manifest)?;
-        let result = trainer.train(&manifest_path, &manifest).await?;
+        let mut by_model: Vec<(TrainedModel, Vec<RoleBatch>)> = Vec::new();
+        for batch in self.batches(inputs, &mut None)? {
+            let model = TrainedModel::playing(role_named(batch.role), selfplay);
+            match by_model.iter_mut().find(|(m, _)| *m == model) {
+                Some((_, mine)) => mine.push(batch),
+                None => by_model.push((model, vec![batch])),
+            }
+        }
+        let step_directory = trainer.dir.join(format!("step-{:08}", cx.step()));
+        let apart = selfplay.proposer_policy.is_some();
+        let mut trained = Vec::new();
+        for (model, batches) in by_model {
+            let directory = if apart { step_directory.join(model.key()) } else { step_directory.clone() };
+            let parent = model.served_by(selfplay).version();
+            let manifest = Manifest {
+                contract: CONTRACT_VERSION,
+                step: cx.step(),
+                model: model.key().to_string(),
+                policy_version: parent,
+                next_version: parent + 1,
+                previous_checkpoint: latest.of(model),
+                batch: directory.join("batch.parquet"),
+                result: directory.join("result.json"),
+                checkpoint_dir: directory.join("checkpoint"),
+                roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
+                temperature,
+                loss: self.config.loss,
+                optimizer: self.config.optimizer.clone(),
+                ppo_epochs: self.config.ppo_epochs,
+                mini_batch: self.config.mini_batch,
+            };
+            let manifest_path = external::write_step(&directory, &external::batch_table(&batches)?, &manifest)?;
+            let result = trainer.train(&manifest_path, &manifest).await?;
+            trained.push((model, batches, parent, directory, result));
+        }
         let train_ms = elapsed_ms(clock);
         let serving = Instant::now();
-        trainer.reload(&result.checkpoint, parent + 1, &directory.join("reload.log")).await?;
-        let (policy, path) = (selfplay.policy.clone(), PathBuf::from(&result.checkpoint));
-        tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
-            .await
-            .map_err(|e| failed("serving the new checkpoint", e))?
-            .map_err(|e| failed("serving the new checkpoint", e))?;
-        *latest.0.lock().expect("checkpoint lock") = Some(result.checkpoint.clone());
-        let version = PolicyVersion {
-            model: TrainedModel::Model,
-            version: parent + 1,
-            parent,
-            stage: cx.stage_name().to_string(),
-            method: "external".into(),
-            checkpoint_step: cx.step(),
-            sha256: String::new(),
-            bytes: 0,
-            tokens_trained: 0,
-            external_checkpoint: result.checkpoint.clone(),
-        };
+        let (mut rows, mut records, mut versions) = (Vec::new(), Vec::new(), Vec::new());
+        for (model, batches, parent, directory, result) in trained {
+            trainer.reload(model, &result.checkpoint, parent + 1, &directory.join("reload.log")).await?;
+            let (policy, path) = (model.served_by(selfplay), PathBuf::from(&result.checkpoint));
+            tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
+                .await
+                .map_err(|e| failed("serving the new checkpoint", e))?
+                .map_err(|e| failed("serving the new checkpoint", e))?;
+            latest.set(model, result.checkpoint.clone());
+            rows.extend(external::rows(&batches, &result, train_ms));
+            records.push(PolicyVersion {
+                model,
+                version: parent + 1,
+                parent,
+                stage: cx.stage_name().to_string(),
+                method: "external".into(),
+                checkpoint_step: cx.step(),
+                sha256: String::new(),
+                bytes: 0,
+                tokens_trained: 0,
+                external_checkpoint: result.checkpoint,
+            });
+            versions.push((model, parent + 1));
+        }
         let published = Published {
-            policy_versions: policy_versions_batch(&[version])?,
+            policy_versions: policy_versions_batch(&records)?,
             checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
             serve_ms: elapsed_ms(serving),
         };
-        Ok(Outcome {
-            rows: external::rows(&batches, &result, train_ms),
-            published,
-            versions: vec![(TrainedModel::Model, parent + 1)],
-            train_ms,
-        })
+        Ok(Outcome { rows, published, versions, train_ms })
     }
 }
