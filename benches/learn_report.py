@@ -5,6 +5,11 @@ valid-question rate, the searches behind its questions and mean p̂ per step; an
 of a step goes.
 
     python3 benches/learn_report.py runs/<run-id> [--plot learn.png]
+    python3 benches/learn_report.py runs/<learn run> runs/<learn-memory run> --compare-plot arms.png
+
+With several runs (arms of one experiment from the same warm start: memory off and on), each is
+reported in turn, then every pair of evaluations made at the same step is compared question by
+question (paired bootstrap), and --compare-plot draws their curves side by side.
 
 Needs `pip install duckdb matplotlib`.
 """
@@ -14,12 +19,13 @@ import random
 import duckdb
 
 parser = argparse.ArgumentParser()
-parser.add_argument("run")
-parser.add_argument("--plot", default=None)
+parser.add_argument("runs", nargs="+")
+parser.add_argument("--plot", default=None, help="the first run's curves")
+parser.add_argument("--compare-plot", default=None, help="every run's held-out curves, side by side")
 parser.add_argument("--frozen-stage", default="warm_start_eval", help="the evaluation of the policy before RL")
 args = parser.parse_args()
-tables = f"{args.run}/tables"
 DRAWS = 2000
+HOPS = [("1", {1}), ("2", {2}), ("3-4", {3, 4}), ("all", {0, 1, 2, 3, 4})]
 
 
 def bootstrap_mean(values, seed=0):
@@ -29,132 +35,188 @@ def bootstrap_mean(values, seed=0):
     return means[int(0.025 * DRAWS)], means[int(0.975 * DRAWS) - 1]
 
 
-def table(name, columns="*", where=""):
-    return duckdb.sql(
-        f"SELECT {columns} FROM read_parquet('{tables}/{name}/*/*.parquet', hive_partitioning = true, "
-        f"filename = true) {where}"
-    )
+def paired(pairs, seed=1):
+    """Mean of paired differences and its bootstrap 95 % interval, in points."""
+    rng = random.Random(seed)
+    n = len(pairs)
+    means = sorted(sum(rng.choice(pairs) for _ in range(n)) / n for _ in range(DRAWS))
+    return sum(pairs) / n * 100, means[int(0.025 * DRAWS)] * 100, means[int(0.975 * DRAWS) - 1] * 100
 
 
-evals = table(
-    "evals",
-    "step, regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS stage, question_id, hops, em, policy_version",
-).fetchall()
-by_eval = {}
-for step, stage, qid, hops, em, version in evals:
-    by_eval.setdefault((step, stage, version), {})[qid] = (hops, em)
-frozen_key = next((k for k in by_eval if k[1] == args.frozen_stage), None)
-frozen = by_eval[frozen_key] if frozen_key else {}
-HOPS = [("1", {1}), ("2", {2}), ("3-4", {3, 4}), ("all", {0, 1, 2, 3, 4})]
+def report(run):
+    """Prints one run's report; returns its evaluations by (step, stage, policy) and its curve."""
+    tables = f"{run}/tables"
 
-print(f"{'step':>4} {'stage':<16} {'policy':>6} " + " ".join(f"{h:>22}" for h, _ in HOPS))
-curve = []
-for key in sorted(by_eval):
-    step, stage, version = key
-    answers = by_eval[key]
-    cells = []
-    row = {"step": step, "stage": stage}
-    for name, hops in HOPS:
-        values = [em for h, em in answers.values() if h in hops]
-        if not values:
-            cells.append(f"{'-':>22}")
-            continue
-        low, high = bootstrap_mean(values)
-        row[name] = (sum(values) / len(values), low, high)
-        cells.append(f"{sum(values) / len(values):>6.3f} [{low:.3f},{high:.3f}]")
-    curve.append(row)
-    print(f"{step:>4} {stage:<16} {version:>6} " + " ".join(cells))
+    def table(name, columns="*", where=""):
+        return duckdb.sql(
+            f"SELECT {columns} FROM read_parquet('{tables}/{name}/*/*.parquet', hive_partitioning = true, "
+            f"filename = true) {where}"
+        )
 
-# The paired difference between the last evaluation and the frozen policy, question by question.
-last_key = max((k for k in by_eval if k[1] != args.frozen_stage), default=None)
-if frozen and last_key:
-    print(f"\nRL (step {last_key[0]}, policy {last_key[2]}) minus frozen warm start, same questions, paired bootstrap:")
-    last = by_eval[last_key]
-    rng = random.Random(1)
-    for name, hops in HOPS:
-        pairs = [(last[q][1] - frozen[q][1]) for q in frozen if q in last and frozen[q][0] in hops]
-        if not pairs:
-            continue
-        n = len(pairs)
-        means = sorted(sum(rng.choice(pairs) for _ in range(n)) / n for _ in range(DRAWS))
-        print(f"  {name:>4} hops: {sum(pairs) / n * 100:+6.1f} points  95% [{means[int(0.025 * DRAWS)] * 100:+.1f}, "
-              f"{means[int(0.975 * DRAWS) - 1] * 100:+.1f}]  (n = {n})")
+    print(f"== {run}")
+    evals = table(
+        "evals",
+        "step, regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS stage, question_id, hops, em, policy_version",
+    ).fetchall()
+    by_eval = {}
+    for step, stage, qid, hops, em, version in evals:
+        by_eval.setdefault((step, stage, version), {})[qid] = (hops, em)
+    frozen_key = next((k for k in by_eval if k[1] == args.frozen_stage), None)
+    frozen = by_eval[frozen_key] if frozen_key else {}
 
-metrics = {}
-for step, stage, metric, value in table("step_metrics", "step, stage, metric, value").fetchall():
-    metrics.setdefault((stage, metric), {})[step] = value
-searches = table(
-    "proposals", "step, avg(len(searches)) FILTER (WHERE valid), count(*) FILTER (WHERE valid)", "GROUP BY step"
-).fetchall()
-searches = {s: (a, n) for s, a, n in searches}
-print(f"\n{'step':>4} {'valid':>6} {'verified':>8} {'searches':>8} {'mean p̂':>7} {'solver':>7} {'rollouts s':>10} "
-      f"{'update s':>8} {'eval s':>7} {'step s':>7}")
-steps = sorted(metrics.get(("propose", "valid_rate"), {}))
-for step in steps:
-    def m(stage, metric, scale=1.0):
-        return metrics.get((stage, metric), {}).get(step, float("nan")) * scale
+    print(f"{'step':>4} {'stage':<16} {'policy':>6} " + " ".join(f"{h:>22}" for h, _ in HOPS))
+    curve = []
+    for key in sorted(by_eval):
+        step, stage, version = key
+        answers = by_eval[key]
+        cells = []
+        row = {"step": step, "stage": stage}
+        for name, hops in HOPS:
+            values = [em for h, em in answers.values() if h in hops]
+            if not values:
+                cells.append(f"{'-':>22}")
+                continue
+            low, high = bootstrap_mean(values)
+            row[name] = (sum(values) / len(values), low, high)
+            cells.append(f"{sum(values) / len(values):>6.3f} [{low:.3f},{high:.3f}]")
+        curve.append(row)
+        print(f"{step:>4} {stage:<16} {version:>6} " + " ".join(cells))
 
-    rollout_s = sum(m(s, "wall_ms", 1e-3) for s in ("propose", "verify", "solve"))
-    evaluation = sum(v.get(step, 0.0) for (stage, metric), v in metrics.items() if metric == "wall_ms" and "eval" in stage)
-    total = sum(v.get(step, 0.0) for (stage, metric), v in metrics.items() if metric == "wall_ms") / 1e3
-    print(f"{step:>4} {m('propose', 'valid_rate'):>6.2f} {m('verify', 'pass_rate'):>8.2f} "
-          f"{searches.get(step, (0, 0))[0] or 0:>8.2f} {m('reward', 'mean_p_hat'):>7.2f} "
-          f"{m('reward', 'solver_success'):>7.2f} {rollout_s:>10.0f} {m('update', 'wall_ms', 1e-3):>8.0f} "
-          f"{evaluation / 1e3:>7.0f} {total:>7.0f}")
+    # The paired difference between the last evaluation and the frozen policy, question by question.
+    last_key = max((k for k in by_eval if k[1] != args.frozen_stage), default=None)
+    if frozen and last_key:
+        print(f"\nRL (step {last_key[0]}, policy {last_key[2]}) minus frozen warm start, same questions, paired bootstrap:")
+        last = by_eval[last_key]
+        for name, hops in HOPS:
+            pairs = [(last[q][1] - frozen[q][1]) for q in frozen if q in last and frozen[q][0] in hops]
+            if pairs:
+                mean, low, high = paired(pairs)
+                print(f"  {name:>4} hops: {mean:+6.1f} points  95% [{low:+.1f}, {high:+.1f}]  (n = {len(pairs)})")
 
-if args.plot:
+    metrics = {}
+    for step, stage, metric, value in table("step_metrics", "step, stage, metric, value").fetchall():
+        metrics.setdefault((stage, metric), {})[step] = value
+    searches = table(
+        "proposals", "step, avg(len(searches)) FILTER (WHERE valid), count(*) FILTER (WHERE valid)", "GROUP BY step"
+    ).fetchall()
+    searches = {s: (a, n) for s, a, n in searches}
+    print(f"\n{'step':>4} {'valid':>6} {'verified':>8} {'searches':>8} {'mean p̂':>7} {'solver':>7} {'rollouts s':>10} "
+          f"{'update s':>8} {'eval s':>7} {'step s':>7}")
+    steps = sorted(metrics.get(("propose", "valid_rate"), {}))
+    for step in steps:
+        def m(stage, metric, scale=1.0):
+            return metrics.get((stage, metric), {}).get(step, float("nan")) * scale
+
+        rollout_s = sum(m(s, "wall_ms", 1e-3) for s in ("propose", "verify", "solve"))
+        evaluation = sum(v.get(step, 0.0) for (stage, metric), v in metrics.items() if metric == "wall_ms" and "eval" in stage)
+        total = sum(v.get(step, 0.0) for (stage, metric), v in metrics.items() if metric == "wall_ms") / 1e3
+        print(f"{step:>4} {m('propose', 'valid_rate'):>6.2f} {m('verify', 'pass_rate'):>8.2f} "
+              f"{searches.get(step, (0, 0))[0] or 0:>8.2f} {m('reward', 'mean_p_hat'):>7.2f} "
+              f"{m('reward', 'solver_success'):>7.2f} {rollout_s:>10.0f} {m('update', 'wall_ms', 1e-3):>8.0f} "
+              f"{evaluation / 1e3:>7.0f} {total:>7.0f}")
+
+    if args.plot and run == args.runs[0]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+        axis = axes[0][0]
+        rl = [r for r in curve if r["stage"] != args.frozen_stage]
+        colours = {"1": "tab:blue", "2": "tab:orange", "3-4": "tab:red", "all": "black"}
+        for name, _ in HOPS:
+            points = [(r["step"], r[name]) for r in rl if name in r]
+            if points:
+                xs = [p[0] for p in points]
+                axis.plot(xs, [p[1][0] for p in points], marker="o", color=colours[name], label=f"RL, {name} hops")
+                axis.fill_between(xs, [p[1][1] for p in points], [p[1][2] for p in points], color=colours[name], alpha=0.12)
+            frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
+            if frozen_row:
+                axis.axhline(frozen_row[name][0], color=colours[name], linestyle="--", linewidth=1)
+        axis.set_title("held-out greedy EM (unseen world); dashed: frozen warm start")
+        axis.set_xlabel("step")
+        axis.set_ylabel("exact match")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+
+        axis = axes[0][1]
+        for (stage, metric), label in [(("propose", "valid_rate"), "valid proposals"), (("verify", "pass_rate"), "verified"),
+                                       (("reward", "mean_p_hat"), "mean p̂"), (("reward", "solver_success"), "solver success")]:
+            series = metrics.get((stage, metric), {})
+            axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=label)
+        axis.set_title("self-play per step")
+        axis.set_xlabel("step")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+
+        axis = axes[1][0]
+        hops = table("proposals", "step, len(searches) AS n, count(*) AS c", "WHERE valid GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+        for n in sorted({h[1] for h in hops}):
+            series = {s: c for s, k, c in hops if k == n}
+            axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=f"{n} searches")
+        axis.set_title("valid proposer questions by searches made")
+        axis.set_xlabel("step")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+
+        axis = axes[1][1]
+        for metric in ("solver_loss", "proposer_loss", "solver_kl", "solver_clip_fraction"):
+            series = metrics.get(("update", metric), {})
+            axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=metric)
+        axis.set_title("update")
+        axis.set_xlabel("step")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=100)
+        print(f"wrote {args.plot}")
+    print()
+    return by_eval, curve
+
+
+reports = {run: report(run) for run in args.runs}
+if len(args.runs) > 1:
+    print("Between runs, the same questions at the same step, paired bootstrap (points; later run minus earlier):")
+    for i, first in enumerate(args.runs):
+        for second in args.runs[i + 1:]:
+            a, b = reports[first][0], reports[second][0]
+            for key_a in sorted(a):
+                for key_b in sorted(k for k in b if k[0] == key_a[0]):
+                    cells = []
+                    for name, hops in HOPS:
+                        pairs = [b[key_b][q][1] - a[key_a][q][1] for q in a[key_a] if q in b[key_b] and a[key_a][q][0] in hops]
+                        if pairs:
+                            mean, low, high = paired(pairs)
+                            cells.append(f"{name} {mean:+.1f} [{low:+.1f}, {high:+.1f}]")
+                    print(f"  step {key_a[0]:>2}: {second.rstrip('/').split('/')[-1]} {key_b[1]} − "
+                          f"{first.rstrip('/').split('/')[-1]} {key_a[1]}: " + "; ".join(cells))
+
+if args.compare_plot:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
-    axis = axes[0][0]
-    rl = [r for r in curve if r["stage"] != args.frozen_stage]
-    colours = {"1": "tab:blue", "2": "tab:orange", "3-4": "tab:red", "all": "black"}
-    for name, _ in HOPS:
-        points = [(r["step"], r[name]) for r in rl if name in r]
-        if points:
-            xs = [p[0] for p in points]
-            axis.plot(xs, [p[1][0] for p in points], marker="o", color=colours[name], label=f"RL, {name} hops")
-            axis.fill_between(xs, [p[1][1] for p in points], [p[1][2] for p in points], color=colours[name], alpha=0.12)
-        frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
-        if frozen_row:
-            axis.axhline(frozen_row[name][0], color=colours[name], linestyle="--", linewidth=1)
-    axis.set_title("held-out greedy EM (unseen world); dashed: frozen warm start")
-    axis.set_xlabel("step")
-    axis.set_ylabel("exact match")
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
-
-    axis = axes[0][1]
-    for (stage, metric), label in [(("propose", "valid_rate"), "valid proposals"), (("verify", "pass_rate"), "verified"),
-                                   (("reward", "mean_p_hat"), "mean p̂"), (("reward", "solver_success"), "solver success")]:
-        series = metrics.get((stage, metric), {})
-        axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=label)
-    axis.set_title("self-play per step")
-    axis.set_xlabel("step")
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
-
-    axis = axes[1][0]
-    hops = table("proposals", "step, len(searches) AS n, count(*) AS c", "WHERE valid GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
-    for n in sorted({h[1] for h in hops}):
-        series = {s: c for s, k, c in hops if k == n}
-        axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=f"{n} searches")
-    axis.set_title("valid proposer questions by searches made")
-    axis.set_xlabel("step")
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
-
-    axis = axes[1][1]
-    for metric in ("solver_loss", "proposer_loss", "solver_kl", "solver_clip_fraction"):
-        series = metrics.get(("update", metric), {})
-        axis.plot(sorted(series), [series[s] for s in sorted(series)], marker=".", label=metric)
-    axis.set_title("update")
-    axis.set_xlabel("step")
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
+    figure, axes = plt.subplots(1, len(HOPS), figsize=(4 * len(HOPS), 3.6), sharey=True)
+    styles = ["tab:blue", "tab:green", "tab:purple", "tab:brown"]
+    for axis, (name, _) in zip(axes, HOPS):
+        for colour, run in zip(styles, args.runs):
+            label = run.rstrip("/").split("/")[-1].rsplit("-", 2)[0]
+            curve = reports[run][1]
+            rl = [r for r in curve if r["stage"] != args.frozen_stage and name in r]
+            if rl:
+                xs = [r["step"] for r in rl]
+                axis.plot(xs, [r[name][0] for r in rl], marker="o", color=colour, label=f"{label}, RL")
+                axis.fill_between(xs, [r[name][1] for r in rl], [r[name][2] for r in rl], color=colour, alpha=0.12)
+            frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
+            if frozen_row:
+                axis.axhline(frozen_row[name][0], color=colour, linestyle="--", linewidth=1, label=f"{label}, frozen")
+        axis.set_title(f"{name} hops")
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out greedy EM")
+    axes[0].legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(args.plot, dpi=100)
-    print(f"wrote {args.plot}")
+    figure.savefig(args.compare_plot, dpi=100)
+    print(f"wrote {args.compare_plot}")

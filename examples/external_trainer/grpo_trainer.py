@@ -92,13 +92,17 @@ def main():
     torch.set_num_threads(os.cpu_count() or 1)
 
     manifest = json.load(open(args.manifest))
-    if manifest["contract"] != 1:
-        sys.exit(f"contract {manifest['contract']} is not the supported 1")
-    initial = args.model
-    if manifest.get("model", "model") == "proposer_model":
+    if manifest["contract"] not in (1, 2):
+        sys.exit(f"contract {manifest['contract']} is not one of the supported 1 and 2")
+    which = manifest.get("model", "model")
+    if which == "model":
+        initial = args.model
+    elif which == "proposer_model":
         if not args.proposer_model:
             sys.exit(f"{args.manifest} trains the proposer's own model: give its initial weights with --proposer-model")
         initial = args.proposer_model
+    else:
+        sys.exit(f"{args.manifest}: unknown model {which!r} (this trainer knows 'model' and 'proposer_model')")
     result_path = args.result or manifest["result"]
     checkpoint_dir = args.checkpoint_dir or manifest["checkpoint_dir"]
     table = pq.read_table(manifest["batch"]).to_pylist()

@@ -595,7 +595,7 @@ pub(crate) fn external_trainer(dir: &Path) -> (PathBuf, PathBuf) {
         format!(
             r#"set -e
 test "$1" = "$SESA_MANIFEST"
-grep -q '"contract": 1' "$SESA_MANIFEST"
+grep -qE '"contract": (1|2),' "$SESA_MANIFEST"
 test -s "$(dirname "$SESA_MANIFEST")/batch.parquet"
 case "$(cat {mode})" in
   fail) echo "boom: out of GPU memory" >&2; exit 3 ;;
@@ -617,13 +617,18 @@ printf '{{"checkpoint": "%s", "metrics": {{"solver": {{"loss": 0.5, "optimizer_s
 }
 
 /// The scripted loop's spec in `dir` with an `update` by the external `trainer` and a reload
-/// command that appends `SESA_MODEL SESA_POLICY_VERSION SESA_CHECKPOINT` to a file: the spec,
-/// the trainer's directory and that file.
+/// command that appends `SESA_MODEL SESA_POLICY_VERSION SESA_CHECKPOINT` to a file, or fails
+/// for `model` while `dir/reload-mode` says `model-fails`: the spec, the trainer's directory
+/// and that file.
 fn external_spec(dir: &Path, trainer: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let reloads = dir.join("reloads.txt");
     let reload = dir.join("reload.sh");
     let line = "\"$SESA_MODEL $SESA_POLICY_VERSION $SESA_CHECKPOINT\"";
-    std::fs::write(&reload, format!("echo {line} >> {}\n", reloads.display())).unwrap();
+    let refuse = format!(
+        "if [ \"$(cat {} 2>/dev/null)\" = model-fails ] && [ \"$SESA_MODEL\" = model ]; then echo refused >&2; exit 4; fi",
+        dir.join("reload-mode").display()
+    );
+    std::fs::write(&reload, format!("{refuse}\necho {line} >> {}\n", reloads.display())).unwrap();
     let external = dir.join("external");
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
     let text = format!(
@@ -732,8 +737,9 @@ async fn an_external_trainer_gets_each_steps_batch_and_a_failing_or_hanging_one_
 }
 
 /// With `proposer_model:`, each model gets its own manifest, batch and checkpoint, and the
-/// servers reload only when both trainers succeeded; a resumed run starts each model's next
-/// update from its own last checkpoint.
+/// servers reload only when both trainers succeeded; a reload that fails after the proposer's
+/// names what to undo; a resumed run starts each model's next update from its own last
+/// checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_trainer_trains_a_proposer_model_apart_and_reloads_only_when_both_succeeded() {
     let dir = tempfile::tempdir().unwrap();
@@ -748,10 +754,27 @@ async fn an_external_trainer_trains_a_proposer_model_apart_and_reloads_only_when
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
     };
 
+    // The solver's server refuses its first reload after the proposer's took it: the step
+    // fails, and the error says which server is ahead and what to load again.
+    std::fs::write(&mode, "ok").unwrap();
+    std::fs::write(dir.path().join("reload-mode"), "model-fails").unwrap();
+    let (id, committed, outcome) = external_attempt(&root, &spec, None, fresh()).await;
+    let error = outcome.unwrap_err();
+    assert_eq!(committed, 0);
+    assert!(error.contains("refused"), "{error}");
+    assert!(
+        error.contains(
+            "`proposer_model:` already loaded this step's checkpoint; have it load its initial weights again"
+        ),
+        "{error}"
+    );
+    std::fs::remove_file(dir.path().join("reload-mode")).unwrap();
+    std::fs::remove_file(&reloads).unwrap();
+
     // Step 3's solver trainer fails after the proposer's succeeded: nothing of step 3 is
     // committed or reloaded.
     std::fs::write(&mode, "model-fails-at-3").unwrap();
-    let (id, committed, outcome) = external_attempt(&root, &spec, None, fresh()).await;
+    let (_, committed, outcome) = external_attempt(&root, &spec, Some(id.clone()), fresh()).await;
     let error = outcome.unwrap_err();
     assert!(error.contains("boom: the solver's trainer"), "{error}");
     assert_eq!(committed, 2);
@@ -778,6 +801,7 @@ async fn an_external_trainer_trains_a_proposer_model_apart_and_reloads_only_when
     for model in ["proposer_model", "model"] {
         let third = manifest(3, model);
         assert_eq!(third["model"], model);
+        assert_eq!(third["contract"], 2, "a trainer for one model refuses it");
         assert_eq!(third["policy_version"], 2);
         assert_eq!(third["previous_checkpoint"], checkpoint(2, model));
         let roles: Vec<&str> = third["roles"].as_array().unwrap().iter().map(|r| r[0].as_str().unwrap()).collect();

@@ -398,7 +398,7 @@ fn what_a_spec_generates_on_first_use_is_not_required_to_exist() {
 
 /// A stage that reads the policy beside a training stage would record whichever policy version
 /// was served when it started; ordered through another stage (propose after warm_start_eval
-/// after warmup in `specs/learn.yaml`) it is fine.
+/// after warmup in `specs/learn.yaml` and `specs/learn_memory.yaml`) it is fine.
 #[test]
 fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -416,8 +416,10 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
         "{text}"
     );
     assert_eq!(text.matches("reads the policy").count(), 1, "`before` runs before `warmup`: {text}");
-    let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/learn.yaml"], repo);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    for spec in ["specs/learn.yaml", "specs/learn_memory.yaml"] {
+        let output = run_sesa_with(ChildRegistry::Stages, &["validate", spec], repo);
+        assert_eq!(output.status.code(), Some(0), "{spec}: {}", String::from_utf8_lossy(&output.stderr));
+    }
 }
 
 /// A proposer served by a server cannot be trained in process; an external trainer can train it.
@@ -437,11 +439,21 @@ fn a_proposer_model_that_cannot_be_trained_in_process_is_refused_before_the_run(
         "{text}"
     );
     assert!(!text.contains("trains `model:`"), "the solver's model is served in process: {text}");
-    let text = validate(
-        "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [sh], dir: ext}}",
-    );
+    // An external trainer can train it, once something tells its server to reload.
+    let external = "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [sh], dir: ext}}";
+    let text = validate(external);
     assert!(!text.contains("in process"), "an external trainer trains both models: {text}");
-    assert!(text.contains("the spec has 1 problem"), "only the missing server is reported: {text}");
+    assert!(
+        text.contains(
+            "stages.update.external: nothing tells the server of `proposer_model:` to load the trainer's checkpoints"
+        ),
+        "{text}"
+    );
+    let text = validate(&external.replace("dir: ext", "dir: ext, reload_command: [sh]"));
+    assert!(
+        text.contains("the spec has 1 problem") && text.contains("proposer_model.base_url"),
+        "only the missing server: {text}"
+    );
 }
 
 /// An external trainer starts from the initial weights it is configured with: after a warm
@@ -454,7 +466,8 @@ fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run()
     let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
     assert_eq!(output.status.code(), Some(2));
     let text = String::from_utf8_lossy(&output.stderr);
-    assert!(text.contains("stages.update.external: `model:` is warm-started in process"), "{text}");
+    assert!(text.contains("stages.update.external: `model:` is also trained in process (`warmup`)"), "{text}");
+    assert!(text.contains("sesa model export RUN --version N --out DIR"), "{text}");
     assert!(text.contains("the spec has 1 problem"), "{text}");
 }
 

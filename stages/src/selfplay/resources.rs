@@ -211,9 +211,11 @@ impl LoopResources {
 
     /// What a spec's training stages (`warmup`, `update`) would get wrong, checked with its
     /// other resources before a run is created: stages that train in process while the policy
-    /// is not served in process (each would fail in its first step, after the step's
-    /// rollouts), and stages that read the policy in no `after:` order with a training stage
-    /// (the policy version they record would depend on which finished first).
+    /// is not served in process, and external updates of a model that is trained in process
+    /// too or whose servers nobody tells to reload (each would fail or go wrong in its first
+    /// step, after the step's rollouts); and stages that read the policy in no `after:` order
+    /// with a training stage (the policy version they record would depend on which finished
+    /// first).
     pub fn training_problems(spec: &Spec) -> Vec<ConfigProblem> {
         let mut problems = unordered_policy_readers(spec);
         problems.extend(misplaced_training(spec));
@@ -334,22 +336,23 @@ impl LoopResources {
         }
         // Each model's last version by an external trainer: the servers hold it (they reloaded
         // it before the step committed), and the model's next update starts from its checkpoint.
-        let mut last: Vec<(TrainedModel, u64, String)> = Vec::new();
+        let mut versions: Vec<(TrainedModel, u64)> = Vec::new();
         for (_, batch) in read_table(root, run_id, "policy_versions").await? {
             let reader = Reader::new("policy_versions", &batch);
-            let versions = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
+            let numbers = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
             let paths = reader.str("external_checkpoint").map_err(|e| corrupt(e.to_string()))?;
             let models = model_column("policy_versions", &batch).map_err(|e| corrupt(e.to_string()))?;
-            for ((model, version), path) in models.into_iter().zip(versions).zip(paths) {
+            for ((model, version), path) in models.into_iter().zip(numbers).zip(paths) {
                 if !path.is_empty() {
-                    last.retain(|(m, _, _)| *m != model);
-                    last.push((model, version, path.to_string()));
+                    self.external.set(model, path.to_string());
+                    versions.retain(|(m, _)| *m != model);
+                    versions.push((model, version));
                 }
             }
         }
-        for (model, version, path) in last {
+        for (model, version) in versions {
+            let path = self.external.of(model).expect("set with its version");
             model.served_by(&self.selfplay).reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
-            self.external.set(model, path);
         }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {
@@ -417,26 +420,27 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
 }
 
 /// Who trains which model, as the spec's training stages would get it wrong: a stage that
-/// trains in process a model served by mistral.rs or a server, and a model warm-started in
-/// process and then updated by an external trainer, which would start from the initial weights
-/// it is configured with, not the warm start. Each training stage's roles are read from its
-/// typed config, with the stage's own defaults.
+/// trains in process a model served by mistral.rs or a server; a model trained both in process
+/// (a warm start, an update) and by an external trainer, which starts from the initial weights
+/// it is configured with and would drop the other's work; and an external update of a model
+/// whose servers nothing tells to load the new checkpoints. Each training stage's roles are
+/// read from its typed config, with the stage's own defaults.
 fn misplaced_training(spec: &Spec) -> Vec<ConfigProblem> {
     let Some(model) = spec.section::<ModelSection>() else {
         return Vec::new();
     };
     let proposer_model = spec.section::<ProposerModelSection>();
-    let (mut problems, mut warmed, mut external) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut problems, mut in_process, mut external) = (Vec::new(), Vec::new(), Vec::new());
     for stage in &spec.stages {
         let config = stage.config().clone();
         // A config that does not parse is reported with the spec's other problems.
-        let (roles, externally) = match stage.kind.as_str() {
+        let (roles, trainer) = match stage.kind.as_str() {
             Warmup::KIND => match serde_json::from_value::<WarmupConfig>(config) {
-                Ok(config) => (config.trained_roles(), false),
+                Ok(config) => (config.trained_roles(), None),
                 Err(_) => continue,
             },
             Update::KIND => match serde_json::from_value::<UpdateConfig>(config) {
-                Ok(config) => (config.trained_roles(), config.external.is_some()),
+                Ok(config) => (config.trained_roles(), config.external),
                 Err(_) => continue,
             },
             _ => continue,
@@ -450,13 +454,27 @@ fn misplaced_training(spec: &Spec) -> Vec<ConfigProblem> {
             .collect();
         models.sort_unstable_by_key(|(key, _)| *key);
         models.dedup_by_key(|(key, _)| *key);
-        if externally {
-            external.extend(models.into_iter().map(|(key, _)| (stage.name.as_str(), key)));
+        if let Some(trainer) = trainer {
+            let told = trainer.reload_command.is_some() || trainer.reload_url.is_some();
+            for (key, section) in &models {
+                external.push((stage.name.as_str(), *key));
+                let problem = match section {
+                    ModelSection::Candle(_) => continue,
+                    ModelSection::Mistralrs(_) => format!(
+                        "`{key}:` is served by mistral.rs in process, which cannot load an external trainer's \
+                         checkpoints: serve it with mistralrs-server through `backend: openai`"
+                    ),
+                    ModelSection::Openai(_) if !told => format!(
+                        "nothing tells the server of `{key}:` to load the trainer's checkpoints: set `reload_command` \
+                         or `reload_url`"
+                    ),
+                    ModelSection::Openai(_) => continue,
+                };
+                problems.push(ConfigProblem::new(format!("stages.{}.external", stage.name), problem));
+            }
             continue;
         }
-        if stage.kind == Warmup::KIND {
-            warmed.extend(models.iter().map(|(key, _)| *key));
-        }
+        in_process.extend(models.iter().map(|(key, _)| (stage.kind.as_str(), *key)));
         for (key, _) in models.iter().filter(|(_, section)| !matches!(section, ModelSection::Candle(_))) {
             problems.push(ConfigProblem::new(
                 format!("stages.{}", stage.name),
@@ -468,13 +486,16 @@ fn misplaced_training(spec: &Spec) -> Vec<ConfigProblem> {
             ));
         }
     }
-    for (stage, key) in external.into_iter().filter(|(_, key)| warmed.contains(key)) {
+    for (stage, key) in external {
+        let Some((kind, _)) = in_process.iter().find(|(_, k)| *k == key) else { continue };
+        let export = if key == "proposer_model" { " --proposer" } else { "" };
         problems.push(ConfigProblem::new(
             format!("stages.{stage}.external"),
             format!(
-                "`{key}:` is warm-started in process, but an external trainer starts from the initial weights it \
-                 is configured with, not the warm start: run the warm start alone, export it (`sesa model export \
-                 RUN --version 1`) and start this run and the trainer from the export"
+                "`{key}:` is also trained in process (`{kind}`), but an external trainer starts from the initial \
+                 weights it is configured with and would drop that training: train it one way, or run the \
+                 in-process training alone, export it (`sesa model export RUN --version N{export} --out DIR`) and \
+                 start this run and the trainer from DIR"
             ),
         ));
     }

@@ -93,14 +93,15 @@ pub fn spawn_sesa_with(registry: ChildRegistry, args: &[&str], cwd: &Path) -> Ch
 
 /// Writes a shell script at `path` that runs `sesa ARGS... "$1"` (this test binary as the real
 /// command line, with the shipped stages): for commands that run a program, such as an
-/// external trainer, which gets its manifest's path as `$1`. The arguments must hold no quote.
+/// external trainer, which gets its manifest's path as `$1`. The arguments, the test binary's
+/// path and `$1` must hold no quote or backslash (temporary directories do not).
 pub fn sesa_script(path: &Path, args: &[&str]) -> PathBuf {
     let fixed = serde_json::to_string(args).unwrap();
     // In the shell: '["a","b","' then "$1" then '"]': the JSON list with the manifest appended.
     let arguments = format!("'{},\"'\"$1\"'\"]'", fixed.trim_end_matches(']'));
     let binary = std::env::current_exe().expect("the test binary has a path");
     let text = format!(
-        "{CHILD_ARGS}={arguments} {CHILD_REGISTRY}=stages RUST_LOG=warn exec {} --exact child_process_entry --nocapture --test-threads=1\n",
+        "{CHILD_ARGS}={arguments} {CHILD_REGISTRY}=stages RUST_LOG=warn exec '{}' --exact child_process_entry --nocapture --test-threads=1\n",
         binary.display()
     );
     std::fs::write(path, text).unwrap();

@@ -36,8 +36,14 @@ use crate::columns::Columns;
 use crate::selfplay::training::TrainedModel;
 use crate::train::{ClippedObjective, OptimizerConfig};
 
-/// The version of this contract, in every manifest.
+/// The version of this contract, in every manifest of a run whose models are the one shared
+/// `model:`.
 pub const CONTRACT_VERSION: u64 = 1;
+
+/// The contract of a run whose proposer has its own model: version 1 with each manifest's
+/// `model` to read, so that a trainer written for one model refuses it rather than start the
+/// proposer from the solver's weights.
+pub const CONTRACT_VERSION_APART: u64 = 2;
 
 /// An external trainer.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -45,7 +51,8 @@ pub const CONTRACT_VERSION: u64 = 1;
 pub struct ExternalTrainer {
     /// The program and its arguments; the manifest's path is appended.
     pub command: Vec<String>,
-    /// Where each step's batch, manifest, result and log go (`DIR/step-NNNNNNNN/`).
+    /// Where each step's batch, manifest, result and log go (`DIR/step-NNNNNNNN/`, or
+    /// `DIR/step-NNNNNNNN/<model>/` per model when the proposer has its own).
     pub dir: PathBuf,
     /// Seconds the trainer may run before it is killed and the step fails.
     #[serde(default = "hour")]
@@ -93,7 +100,7 @@ impl ExternalCheckpoint {
 /// What sesa tells the trainer, as `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// [`CONTRACT_VERSION`].
+    /// [`CONTRACT_VERSION`], or [`CONTRACT_VERSION_APART`].
     pub contract: u64,
     /// The loop step.
     pub step: u64,
@@ -390,11 +397,15 @@ pub fn train_with_sesa(
     let text = std::fs::read(manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
     let manifest: Manifest =
         serde_json::from_slice(&text).map_err(|e| format!("parsing {}: {e}", manifest_path.display()))?;
-    if manifest.contract != CONTRACT_VERSION {
-        return Err(format!("contract {} is not the supported {CONTRACT_VERSION}", manifest.contract));
+    if manifest.contract != CONTRACT_VERSION && manifest.contract != CONTRACT_VERSION_APART {
+        return Err(format!(
+            "contract {} is not one of the supported {CONTRACT_VERSION} and {CONTRACT_VERSION_APART}",
+            manifest.contract
+        ));
     }
     let batches = read_batch(&manifest)?;
     let initial = match (manifest.model.as_str(), proposer_model) {
+        ("model", _) => ModelFiles::read(model)?,
         ("proposer_model", Some(proposer_model)) => ModelFiles::read(proposer_model)?,
         ("proposer_model", None) => {
             return Err(format!(
@@ -402,7 +413,12 @@ pub fn train_with_sesa(
                 manifest_path.display()
             ));
         }
-        _ => ModelFiles::read(model)?,
+        (other, _) => {
+            return Err(format!(
+                "{}: unknown model `{other}` (this trainer knows `model` and `proposer_model`)",
+                manifest_path.display()
+            ));
+        }
     };
     let weights = match &manifest.previous_checkpoint {
         Some(previous) => ModelFiles::read(Path::new(previous))?.weights,

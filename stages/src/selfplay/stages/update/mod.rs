@@ -25,7 +25,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use self::batch::{RoleBatch, proposer_batch, solver_batch};
-use self::external::{CONTRACT_VERSION, ExternalTrainer, Manifest};
+use self::external::{CONTRACT_VERSION, CONTRACT_VERSION_APART, ExternalTrainer, Manifest};
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
 use self::in_process::{Plan, optimizer_steps, update_role};
 use super::propose::Propose;
@@ -431,7 +431,9 @@ impl Update {
 
     /// Hands each trained model's batch to the external trainer, the proposer's own model first
     /// when it has one, and once every one succeeded has the servers reload their checkpoints:
-    /// a failing trainer leaves every server on the weights of the last committed step.
+    /// a failing trainer leaves every server on the weights of the last committed step. A reload
+    /// that fails after another model's succeeded fails the step and names the servers already
+    /// ahead of the run's records, with the checkpoint to load again before resuming.
     async fn external(
         &self,
         cx: &StageContext,
@@ -457,7 +459,7 @@ impl Update {
             let directory = if apart { step_directory.join(model.key()) } else { step_directory.clone() };
             let parent = model.served_by(selfplay).version();
             let manifest = Manifest {
-                contract: CONTRACT_VERSION,
+                contract: if apart { CONTRACT_VERSION_APART } else { CONTRACT_VERSION },
                 step: cx.step(),
                 model: model.key().to_string(),
                 policy_version: parent,
@@ -478,10 +480,32 @@ impl Update {
             trained.push((model, batches, parent, directory, result));
         }
         let train_ms = elapsed_ms(clock);
+        // Every server is told before any in-process policy swaps weights or any checkpoint is
+        // recorded, so a failed reload changes no state of this process.
         let serving = Instant::now();
+        for (i, (model, _, parent, directory, result)) in trained.iter().enumerate() {
+            let reloaded = trainer.reload(*model, &result.checkpoint, parent + 1, &directory.join("reload.log")).await;
+            if let Err(StageError::Failed(message)) = reloaded {
+                let ahead: Vec<String> = trained[..i]
+                    .iter()
+                    .map(|(model, ..)| {
+                        let previous = latest.of(*model).unwrap_or_else(|| "its initial weights".into());
+                        format!(
+                            "`{}:` already loaded this step's checkpoint; have it load {previous} again",
+                            model.key()
+                        )
+                    })
+                    .collect();
+                return Err(StageError::Failed(if ahead.is_empty() {
+                    message
+                } else {
+                    format!("{message}\nbefore `sesa resume`: {}", ahead.join("; "))
+                }));
+            }
+            reloaded?;
+        }
         let (mut rows, mut records, mut versions) = (Vec::new(), Vec::new(), Vec::new());
-        for (model, batches, parent, directory, result) in trained {
-            trainer.reload(model, &result.checkpoint, parent + 1, &directory.join("reload.log")).await?;
+        for (model, batches, parent, _, result) in trained {
             let (policy, path) = (model.served_by(selfplay), PathBuf::from(&result.checkpoint));
             tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
                 .await
