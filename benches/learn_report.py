@@ -23,6 +23,8 @@ parser.add_argument("runs", nargs="+")
 parser.add_argument("--plot", default=None, help="the first run's curves")
 parser.add_argument("--compare-plot", default=None, help="every run's held-out curves, side by side")
 parser.add_argument("--frozen-stage", default="warm_start_eval", help="the evaluation of the policy before RL")
+parser.add_argument("--frozen-run", default=None,
+                    help="take the frozen evaluation from this run when a run has none (RL started from its export)")
 args = parser.parse_args()
 DRAWS = 2000
 HOPS = [("1", {1}), ("2", {2}), ("3-4", {3, 4}), ("all", {0, 1, 2, 3, 4})]
@@ -43,24 +45,35 @@ def paired(pairs, seed=1):
     return sum(pairs) / n * 100, means[int(0.025 * DRAWS)] * 100, means[int(0.975 * DRAWS) - 1] * 100
 
 
-def report(run):
-    """Prints one run's report; returns its evaluations by (step, stage, policy) and its curve."""
-    tables = f"{run}/tables"
-
+def reader(run):
     def table(name, columns="*", where=""):
         return duckdb.sql(
-            f"SELECT {columns} FROM read_parquet('{tables}/{name}/*/*.parquet', hive_partitioning = true, "
+            f"SELECT {columns} FROM read_parquet('{run}/tables/{name}/*/*.parquet', hive_partitioning = true, "
             f"filename = true) {where}"
         )
 
-    print(f"== {run}")
-    evals = table(
+    return table
+
+
+def evaluations(run):
+    """A run's evaluations: answers by question, keyed by (step, stage, policy version)."""
+    evals = reader(run)(
         "evals",
         "step, regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS stage, question_id, hops, em, policy_version",
     ).fetchall()
     by_eval = {}
     for step, stage, qid, hops, em, version in evals:
         by_eval.setdefault((step, stage, version), {})[qid] = (hops, em)
+    return by_eval
+
+
+def report(run):
+    """Prints one run's report; returns its evaluations by (step, stage, policy) and its curve."""
+    table = reader(run)
+    print(f"== {run}")
+    by_eval = evaluations(run)
+    if args.frozen_run and not any(k[1] == args.frozen_stage for k in by_eval):
+        by_eval.update({k: v for k, v in evaluations(args.frozen_run).items() if k[1] == args.frozen_stage})
     frozen_key = next((k for k in by_eval if k[1] == args.frozen_stage), None)
     frozen = by_eval[frozen_key] if frozen_key else {}
 
