@@ -22,6 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("runs", nargs="+")
 parser.add_argument("--plot", default=None, help="the first run's curves")
 parser.add_argument("--compare-plot", default=None, help="every run's held-out curves, side by side")
+parser.add_argument("--labels", default=None, help="comma-separated names of the runs in the plots")
 parser.add_argument("--frozen-stage", default="warm_start_eval", help="the evaluation of the policy before RL")
 parser.add_argument("--frozen-run", default=None,
                     help="take the frozen evaluation from this run when a run has none (RL started from its export)")
@@ -139,15 +140,16 @@ def report(run):
         rl = [r for r in curve if r["stage"] != args.frozen_stage]
         colours = {"1": "tab:blue", "2": "tab:orange", "3-4": "tab:red", "all": "black"}
         for name, _ in HOPS:
-            points = [(r["step"], r[name]) for r in rl if name in r]
+            frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
+            points = [(0, frozen_row[name])] if frozen_row else []
+            points += [(r["step"], r[name]) for r in rl if name in r]
             if points:
                 xs = [p[0] for p in points]
                 axis.plot(xs, [p[1][0] for p in points], marker="o", color=colours[name], label=f"RL, {name} hops")
                 axis.fill_between(xs, [p[1][1] for p in points], [p[1][2] for p in points], color=colours[name], alpha=0.12)
-            frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
             if frozen_row:
                 axis.axhline(frozen_row[name][0], color=colours[name], linestyle="--", linewidth=1)
-        axis.set_title("held-out greedy EM (unseen world); dashed: frozen warm start")
+        axis.set_title("held-out greedy EM (unseen world); step 0 and dashed: frozen")
         axis.set_xlabel("step")
         axis.set_ylabel("exact match")
         axis.legend(fontsize=8)
@@ -213,18 +215,20 @@ if args.compare_plot:
 
     figure, axes = plt.subplots(1, len(HOPS), figsize=(4 * len(HOPS), 3.6), sharey=True)
     styles = ["tab:blue", "tab:green", "tab:purple", "tab:brown"]
+    labels = args.labels.split(",") if args.labels else [r.rstrip("/").split("/")[-1].rsplit("-", 2)[0] for r in args.runs]
     for axis, (name, _) in zip(axes, HOPS):
-        for colour, run in zip(styles, args.runs):
-            label = run.rstrip("/").split("/")[-1].rsplit("-", 2)[0]
+        for colour, run, label in zip(styles, args.runs, labels):
             curve = reports[run][1]
-            rl = [r for r in curve if r["stage"] != args.frozen_stage and name in r]
-            if rl:
-                xs = [r["step"] for r in rl]
-                axis.plot(xs, [r[name][0] for r in rl], marker="o", color=colour, label=f"{label}, RL")
-                axis.fill_between(xs, [r[name][1] for r in rl], [r[name][2] for r in rl], color=colour, alpha=0.12)
+            # The frozen policy is step 0 of the RL curve, and a dashed line across.
             frozen_row = next((r for r in curve if r["stage"] == args.frozen_stage and name in r), None)
+            points = [(0, frozen_row[name])] if frozen_row else []
+            points += [(r["step"], r[name]) for r in curve if r["stage"] != args.frozen_stage and name in r]
+            if points:
+                xs = [p[0] for p in points]
+                axis.plot(xs, [p[1][0] for p in points], marker="o", color=colour, label=f"{label}: RL")
+                axis.fill_between(xs, [p[1][1] for p in points], [p[1][2] for p in points], color=colour, alpha=0.12)
             if frozen_row:
-                axis.axhline(frozen_row[name][0], color=colour, linestyle="--", linewidth=1, label=f"{label}, frozen")
+                axis.axhline(frozen_row[name][0], color=colour, linestyle="--", linewidth=1, label=f"{label}: frozen")
         axis.set_title(f"{name} hops")
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)

@@ -295,7 +295,10 @@ fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
         format!("judge.base_url=http://127.0.0.1:{closed}/v1"),
         format!("search.backend.url=http://127.0.0.1:{closed}/retrieve"),
         format!("stages.propose.targets={}", targets.display()),
-        format!("stages.update.external={{command: [sh], dir: {}, reload_command: [sh]}}", dir.path().join("external").display()),
+        format!(
+            "stages.update.external={{command: [sh], dir: {}, reload_command: [sh]}}",
+            dir.path().join("external").display()
+        ),
     ];
     let command = |verb: &str, extra: &[String]| -> Vec<String> {
         let mut args = vec![verb.to_string(), "specs/ablation_no_frontier.yaml".to_string()];

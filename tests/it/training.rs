@@ -341,22 +341,27 @@ fn integers(batch: &RecordBatch, name: &str) -> Vec<u64> {
     column.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap().values().to_vec()
 }
 
+/// [`spec`] for two steps with a tiny proposer of its own (`proposer_model:`, written to
+/// `dir/tiny-proposer`), as text.
+fn two_models(dir: &Path) -> String {
+    tiny_model(&dir.join("tiny-proposer"), 12);
+    let proposer =
+        format!("proposer_model: {{backend: candle, model: {}/tiny-proposer, cache_tokens: 2048}}", dir.display());
+    std::fs::read_to_string(spec(dir))
+        .unwrap()
+        .replace("steps: 3", "steps: 2")
+        .replace("trainer:", &format!("{proposer}\ntrainer:"))
+}
+
 /// With `proposer_model:` the proposer plays with its own weights, and each model is trained
 /// by its own trainer, with its own versions and checkpoints; a killed run resumes both, and
 /// either exports.
 #[test]
 fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     let dir = setup();
-    tiny_model(&dir.path().join("tiny-proposer"), 12);
     let d = dir.path().display().to_string();
-    // Two steps; the warm start teaches the solver only, so the two models' versions differ.
-    let text = std::fs::read_to_string(spec(dir.path()))
-        .unwrap()
-        .replace("steps: 3", "steps: 2")
-        .replace(
-            "trainer:",
-            &format!("proposer_model: {{backend: candle, model: {d}/tiny-proposer, cache_tokens: 2048}}\ntrainer:"),
-        )
+    // The warm start teaches the solver only, so the two models' versions differ.
+    let text = two_models(dir.path())
         .replace("held_out: 10, limit: 8,", "held_out: 10, limit: 8, roles: [solver],")
         .replace("    keep_every: 2\n", "");
     let spec = write(dir.path(), "proposer.yaml", &text);
@@ -417,24 +422,16 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
 #[test]
 fn sesa_as_an_external_trainer_trains_a_proposer_model_apart() {
     let dir = setup();
-    tiny_model(&dir.path().join("tiny-proposer"), 12);
     let d = dir.path().display().to_string();
+    let text = two_models(dir.path());
     let trainer = sesa_script(
         &dir.path().join("trainer.sh"),
         &["train-external", "--model", &format!("{d}/tiny"), "--proposer-model", &format!("{d}/tiny-proposer")],
     );
-    let text = std::fs::read_to_string(spec(dir.path()))
-        .unwrap()
-        .replace("steps: 3", "steps: 2")
-        .replace(
-            "trainer:",
-            &format!("proposer_model: {{backend: candle, model: {d}/tiny-proposer, cache_tokens: 2048}}\ntrainer:"),
-        )
-        .replace("after: [warmup]", "after: []")
-        .replace(
-            "    keep_every: 2\n",
-            &format!("    external: {{command: [sh, {}], dir: {d}/external}}\n", trainer.display()),
-        );
+    let text = text.replace("after: [warmup]", "after: []").replace(
+        "    keep_every: 2\n",
+        &format!("    external: {{command: [sh, {}], dir: {d}/external}}\n", trainer.display()),
+    );
     let text = text[..text.find("  warmup:").unwrap()].to_string() + &text[text.find("  propose:").unwrap()..];
     let spec = write(dir.path(), "external.yaml", &text);
     let store = dir.path().join("runs");
