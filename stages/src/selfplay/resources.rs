@@ -336,23 +336,21 @@ impl LoopResources {
         }
         // Each model's last version by an external trainer: the servers hold it (they reloaded
         // it before the step committed), and the model's next update starts from its checkpoint.
-        let mut versions: Vec<(TrainedModel, u64)> = Vec::new();
+        let mut last = std::collections::BTreeMap::new();
         for (_, batch) in read_table(root, run_id, "policy_versions").await? {
             let reader = Reader::new("policy_versions", &batch);
-            let numbers = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
+            let versions = reader.u64("version").map_err(|e| corrupt(e.to_string()))?;
             let paths = reader.str("external_checkpoint").map_err(|e| corrupt(e.to_string()))?;
             let models = model_column("policy_versions", &batch).map_err(|e| corrupt(e.to_string()))?;
-            for ((model, version), path) in models.into_iter().zip(numbers).zip(paths) {
+            for ((model, version), path) in models.into_iter().zip(versions).zip(paths) {
                 if !path.is_empty() {
-                    self.external.set(model, path.to_string());
-                    versions.retain(|(m, _)| *m != model);
-                    versions.push((model, version));
+                    last.insert(model, (version, path.to_string()));
                 }
             }
         }
-        for (model, version) in versions {
-            let path = self.external.of(model).expect("set with its version");
+        for (model, (version, path)) in last {
             model.served_by(&self.selfplay).reloaded(version, Path::new(&path)).map_err(|e| corrupt(e.to_string()))?;
+            self.external.set(model, path);
         }
         let mut restored = Vec::new();
         for (step, batch) in read_table(root, run_id, "verifications").await? {

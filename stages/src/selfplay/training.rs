@@ -106,7 +106,7 @@ impl TrainState {
 
 /// Which of a spec's models a trainer trains, by the spec key that names it: `model` (the
 /// solver's, and the proposer's too without `proposer_model:`) or `proposer_model`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TrainedModel {
     /// `model:`.
     Model,
@@ -172,37 +172,49 @@ pub struct ProposerTraining(pub Arc<Training>);
 /// Items grouped by the trainer they go to (see [`by_training`]).
 pub type TrainingGroups<T> = Vec<(Arc<Training>, Vec<T>)>;
 
-/// `items` grouped by the trainer of the role each belongs to, in order of first appearance:
-/// one group when both roles share `model:`, the proposer's and the solver's apart with
-/// `proposer_model:`. `stage` names the stage in the error when a trainer is missing.
+/// `items` grouped by the model whose weights play the role each belongs to, in order of first
+/// appearance: one group when both roles share `model:`, the proposer's and the solver's apart
+/// with `proposer_model:`.
+pub fn by_model<T>(
+    selfplay: &crate::selfplay::SelfPlay,
+    items: impl IntoIterator<Item = (Role, T)>,
+) -> Vec<(TrainedModel, Vec<T>)> {
+    let mut groups: Vec<(TrainedModel, Vec<T>)> = Vec::new();
+    for (role, item) in items {
+        let model = TrainedModel::playing(role, selfplay);
+        match groups.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((model, vec![item])),
+        }
+    }
+    groups
+}
+
+/// [`by_model`] with each model's in-process trainer. `stage` names the stage in the error
+/// when a trainer is missing.
 pub fn by_training<T>(
     cx: &sesa_engine::StageContext,
     selfplay: &crate::selfplay::SelfPlay,
     stage: &str,
     items: impl IntoIterator<Item = (Role, T)>,
 ) -> Result<TrainingGroups<T>, StageError> {
-    let mut groups: TrainingGroups<T> = Vec::new();
-    for (role, item) in items {
-        let model = TrainedModel::playing(role, selfplay);
-        if let Some((_, group)) = groups.iter_mut().find(|(training, _)| training.model == model) {
-            group.push(item);
-            continue;
-        }
-        let training = match model {
-            TrainedModel::Model => cx.resource::<Training>(),
-            TrainedModel::ProposerModel => cx.resource::<ProposerTraining>().map(|t| t.0.clone()),
-        };
-        let training = training.map_err(|_| {
-            StageError::Failed(format!(
-                "`{stage}` trains the {} in process, which needs the spec's `{}:` to use `backend: candle` \
-                 (mistral.rs and OpenAI-compatible servers cannot take trained weights in process)",
-                if role == Role::Proposer { "proposer" } else { "solver" },
-                model.key()
-            ))
-        })?;
-        groups.push((training, vec![item]));
-    }
-    Ok(groups)
+    by_model(selfplay, items)
+        .into_iter()
+        .map(|(model, group)| {
+            let training = match model {
+                TrainedModel::Model => cx.resource::<Training>(),
+                TrainedModel::ProposerModel => cx.resource::<ProposerTraining>().map(|t| t.0.clone()),
+            };
+            let training = training.map_err(|_| {
+                StageError::Failed(format!(
+                    "`{stage}` trains `{}:` in process, which needs `backend: candle` there \
+                     (mistral.rs and OpenAI-compatible servers cannot take trained weights in process)",
+                    model.key()
+                ))
+            })?;
+            Ok((training, group))
+        })
+        .collect()
 }
 
 /// The run's training resource.

@@ -80,20 +80,17 @@ fn model_key() -> String {
 /// policy serves): where the model's next update starts from. A run's resources hold it; a
 /// resumed run rebuilds it from `policy_versions`.
 #[derive(Debug, Default)]
-pub struct ExternalCheckpoint(Mutex<Vec<(TrainedModel, String)>>);
+pub struct ExternalCheckpoint(Mutex<BTreeMap<TrainedModel, String>>);
 
 impl ExternalCheckpoint {
     /// The newest checkpoint of `model`, if an external trainer wrote one.
     pub fn of(&self, model: TrainedModel) -> Option<String> {
-        let latest = self.0.lock().expect("checkpoint lock");
-        latest.iter().find(|(m, _)| *m == model).map(|(_, path)| path.clone())
+        self.0.lock().expect("checkpoint lock").get(&model).cloned()
     }
 
     /// Records `path` as the newest checkpoint of `model`.
     pub fn set(&self, model: TrainedModel, path: String) {
-        let mut latest = self.0.lock().expect("checkpoint lock");
-        latest.retain(|(m, _)| *m != model);
-        latest.push((model, path));
+        self.0.lock().expect("checkpoint lock").insert(model, path);
     }
 }
 

@@ -36,8 +36,8 @@ use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::SelfPlay;
 use crate::selfplay::training::{
-    PolicyVersion, Published, TrainState, TrainedModel, by_training, checkpoints_table, policy_versions_batch,
-    policy_versions_table, publish_version,
+    PolicyVersion, Published, TrainState, TrainedModel, by_model, by_training, checkpoints_table,
+    policy_versions_batch, policy_versions_table, publish_version,
 };
 use crate::train::{ClippedObjective, OptimizerConfig};
 
@@ -444,14 +444,8 @@ impl Update {
         clock: Instant,
     ) -> Result<Outcome, StageError> {
         let latest = cx.resource::<ExternalCheckpoint>()?;
-        let mut by_model: Vec<(TrainedModel, Vec<RoleBatch>)> = Vec::new();
-        for batch in self.batches(inputs, &mut None)? {
-            let model = TrainedModel::playing(role_named(batch.role), selfplay);
-            match by_model.iter_mut().find(|(m, _)| *m == model) {
-                Some((_, mine)) => mine.push(batch),
-                None => by_model.push((model, vec![batch])),
-            }
-        }
+        let batches = self.batches(inputs, &mut None)?;
+        let by_model = by_model(selfplay, batches.into_iter().map(|b| (role_named(b.role), b)));
         let step_directory = trainer.dir.join(format!("step-{:08}", cx.step()));
         let apart = selfplay.proposer_policy.is_some();
         let mut trained = Vec::new();
