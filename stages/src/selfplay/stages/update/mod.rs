@@ -479,24 +479,8 @@ impl Update {
         let serving = Instant::now();
         for (i, (model, _, parent, directory, result)) in trained.iter().enumerate() {
             let reloaded = trainer.reload(*model, &result.checkpoint, parent + 1, &directory.join("reload.log")).await;
-            if let Err(StageError::Failed(message)) = reloaded {
-                let ahead: Vec<String> = trained[..i]
-                    .iter()
-                    .map(|(model, ..)| {
-                        let previous = latest.of(*model).unwrap_or_else(|| "its initial weights".into());
-                        format!(
-                            "`{}:` already loaded this step's checkpoint; have it load {previous} again",
-                            model.key()
-                        )
-                    })
-                    .collect();
-                return Err(StageError::Failed(if ahead.is_empty() {
-                    message
-                } else {
-                    format!("{message}\nbefore `sesa resume`: {}", ahead.join("; "))
-                }));
-            }
-            reloaded?;
+            let ahead: Vec<TrainedModel> = trained[..i].iter().map(|(model, ..)| *model).collect();
+            reloaded.map_err(|e| naming_servers_ahead(e, &ahead, &latest))?;
         }
         let (mut rows, mut records, mut versions) = (Vec::new(), Vec::new(), Vec::new());
         for (model, batches, parent, _, result) in trained {
@@ -528,4 +512,21 @@ impl Update {
         };
         Ok(Outcome { rows, published, versions, train_ms })
     }
+}
+
+/// A reload's error, told which models' servers already loaded this step's checkpoints (the
+/// run records none of them) and what to load again before `sesa resume`.
+fn naming_servers_ahead(error: StageError, ahead: &[TrainedModel], latest: &ExternalCheckpoint) -> StageError {
+    let StageError::Failed(message) = error else { return error };
+    if ahead.is_empty() {
+        return StageError::Failed(message);
+    }
+    let undo: Vec<String> = ahead
+        .iter()
+        .map(|model| {
+            let previous = latest.of(*model).unwrap_or_else(|| "its initial weights".into());
+            format!("`{}:` already loaded this step's checkpoint; have it load {previous} again", model.key())
+        })
+        .collect();
+    StageError::Failed(format!("{message}\nbefore `sesa resume`: {}", undo.join("; ")))
 }
