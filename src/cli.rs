@@ -193,6 +193,9 @@ enum Command {
         /// Runs of the loop and of its replay, alternately (medians are reported).
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+        /// Override a key of the spec, e.g. `--set model.dtype=int8`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
     },
     /// Measure the skill embedder (texts/s, one query's latency) and bank retrieval latency.
     BenchSkills {
@@ -626,8 +629,8 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             .await?;
             Ok(0)
         }
-        Command::BenchRollouts { spec, questions, trajectories, repeats } => {
-            crate::bench::bench_rollouts(&spec, &questions, trajectories, repeats, registry).await
+        Command::BenchRollouts { spec, questions, trajectories, repeats, overrides } => {
+            crate::bench::bench_rollouts(&spec, &overrides, &questions, trajectories, repeats, registry).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
         Command::BenchTrain { model, tokens, method, steps, scored } => {

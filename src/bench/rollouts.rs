@@ -12,6 +12,7 @@ use sesa_stages::data::datasets::load_questions;
 /// `repeats` times, alternately, each on a freshly loaded policy; medians are reported.
 pub async fn bench_rollouts(
     spec_path: &Path,
+    overrides: &[String],
     questions: &Path,
     trajectories: usize,
     repeats: usize,
@@ -24,7 +25,8 @@ pub async fn bench_rollouts(
     use sesa_stages::policy::GenerationRequest;
     use sesa_stages::sections::AgentSetup;
 
-    let source = SourceDoc::load(spec_path).map_err(sesa_engine::SpecErrors::from)?;
+    let mut source = SourceDoc::load(spec_path).map_err(sesa_engine::SpecErrors::from)?;
+    source.apply_overrides(overrides).map_err(sesa_engine::SpecErrors::from)?;
     let spec = Spec::from_source(&source, registry)?;
     let setup = AgentSetup::from_spec(&spec).await?;
     let template = setup.template(Role::Solver)?;

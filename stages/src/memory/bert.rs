@@ -12,7 +12,12 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use crate::kernels::{Dense, add_assign, attend};
+use crate::kernels::{Dense, KvHead, Precision, add_assign, attend};
+
+/// The embedder keeps F32 weights: it embeds each text once (its speed hardly shows in a run),
+/// and its cosine scores decide which skills a solver is shown, so they stay as the published
+/// model computes them.
+const EMBEDDER_PRECISION: Precision = Precision::F32;
 
 /// The parts of a Hugging Face BERT `config.json` the forward pass needs.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -172,7 +177,7 @@ impl Checkpoint<'_> {
 
     fn dense(&self, prefix: &str, inputs: usize, outputs: usize) -> Result<Dense, BertError> {
         let (weight, bias) = self.dense_parts(prefix, inputs, outputs)?;
-        Ok(Dense::new(&weight, Some(bias), inputs, outputs))
+        Ok(Dense::new(&weight, Some(bias), inputs, outputs, EMBEDDER_PRECISION))
     }
 
     fn norm(&self, prefix: &str, width: usize, eps: f32) -> Result<LayerNorm, BertError> {
@@ -216,6 +221,7 @@ impl BertEncoder {
                     Some([query.1, key.1, value.1].concat()),
                     hidden,
                     3 * hidden,
+                    EMBEDDER_PRECISION,
                 ),
                 attention_out: checkpoint.dense(&format!("{prefix}.attention.output.dense"), hidden, hidden)?,
                 attention_norm: checkpoint.norm(&format!("{prefix}.attention.output.LayerNorm"), hidden, eps)?,
@@ -323,7 +329,15 @@ fn attention(
                 let column = head * width;
                 let query = &keys[i * stride + column..][..width];
                 let out = &mut context[(start + i) * hidden + column..][..width];
-                attend(query, &keys[hidden..], &keys[2 * hidden..], len, stride, column, scale, scores, out);
+                let head = KvHead {
+                    keys: &keys[hidden..],
+                    values: &keys[2 * hidden..],
+                    count: len,
+                    stride,
+                    offset: column,
+                    width,
+                };
+                attend(query, head, scale, scores, out);
             }
         }
     }

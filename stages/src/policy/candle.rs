@@ -36,6 +36,7 @@ use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
 use super::chat::TemplateSource;
 use super::{ChatFormat, ChatMessage, Generation, GenerationRequest, Policy, PolicyError};
+use crate::kernels::Precision;
 use crate::weights::{LlamaShape, LlamaWeights};
 
 /// A local llama-family GGUF model served by sesa's batched forward pass.
@@ -52,6 +53,12 @@ pub struct CandleConfig {
     /// when it serves a run's exported policy, so evaluations record the version evaluated.
     #[serde(default)]
     pub policy_version: u64,
+    /// How the weight matrices are stored and multiplied: `f32` (the default; a GGUF's
+    /// quantized values are held exactly) or `int8` (a scale per 32 inputs, as GGUF's Q8_0:
+    /// faster decoding, log-probabilities slightly off F32's). Either way a seed gives the
+    /// same tokens whatever the batching. Trainers compute in F32 whatever this says.
+    #[serde(default)]
+    pub dtype: Precision,
 }
 
 fn default_cache_tokens() -> usize {
@@ -63,6 +70,8 @@ struct Inner {
     name: String,
     /// The shapes of the served weights (new weights must have the same).
     shape: LlamaShape,
+    /// How weights are packed, new ones included.
+    precision: Precision,
     /// Logits per position.
     vocabulary: usize,
     /// The version of the weights served (0 as loaded).
@@ -101,9 +110,10 @@ impl CandlePolicy {
         let files = ModelFiles::read(path).map_err(error)?;
         let chat = files.chat_format(&name);
         let ModelFiles { weights, tokenizer, stops, .. } = files;
-        let model = LlamaModel::new(&weights);
+        let model = LlamaModel::new(&weights, config.dtype);
         let inner = Arc::new(Inner {
             name: name.clone(),
+            precision: config.dtype,
             vocabulary: model.vocabulary(),
             shape: weights.shape,
             version: AtomicU64::new(config.policy_version),
@@ -339,7 +349,9 @@ impl Policy for CandlePolicy {
         }
         let (done, swapped) = std::sync::mpsc::channel();
         let stopped = || self.inner.error("the scheduler thread stopped (see the log for why)");
-        self.submit.send(Message::Replace(Box::new(LlamaModel::new(weights)), done)).map_err(|_| stopped())?;
+        self.submit
+            .send(Message::Replace(Box::new(LlamaModel::new(weights, self.inner.precision)), done))
+            .map_err(|_| stopped())?;
         swapped.recv().map_err(|_| stopped())?;
         self.inner.version.store(version, Ordering::SeqCst);
         Ok(())

@@ -24,6 +24,7 @@ pub use self::mistralrs::MistralRsConfig;
 pub use self::mistralrs::MistralRsPolicy;
 pub use self::openai::{OpenAiConfig, OpenAiPolicy, ServerTemplate};
 pub use self::scripted::ScriptedPolicy;
+pub use crate::kernels::Precision;
 
 /// How to sample. `temperature == 0` means greedy.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -170,7 +171,12 @@ pub(crate) mod testing {
 
     /// The real SmolLM2-135M on sesa's own CPU forward pass, with a small KV cache.
     pub fn smollm2_candle() -> CandlePolicy {
-        let config = CandleConfig { model: "smollm2-135m-instruct".into(), cache_tokens: 4096, policy_version: 0 };
+        let config = CandleConfig {
+            model: "smollm2-135m-instruct".into(),
+            cache_tokens: 4096,
+            policy_version: 0,
+            dtype: Default::default(),
+        };
         CandlePolicy::load(&smollm2_gguf(), &config).unwrap()
     }
 

@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::{Dense, PackedWeight, add_assign, attend};
+use crate::kernels::{Dense, KvHead, PackedWeight, Precision, add_assign, attend};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 struct Block {
@@ -92,9 +92,9 @@ impl From<candle_core::Error> for ModelError {
 }
 
 impl LlamaModel {
-    /// Packs `weights` for the forward pass (query, key and value stacked into one
-    /// projection, gate and up into another).
-    pub(crate) fn new(weights: &LlamaWeights) -> LlamaModel {
+    /// Packs `weights` in `precision` for the forward pass (query, key and value stacked into
+    /// one projection, gate and up into another).
+    pub(crate) fn new(weights: &LlamaWeights, precision: Precision) -> LlamaModel {
         let shape = weights.shape.clone();
         let (hidden, ffn, kv_width) = (shape.hidden, shape.ffn, shape.kv_width());
         let blocks = weights
@@ -102,15 +102,21 @@ impl LlamaModel {
             .iter()
             .map(|b| Block {
                 attention_norm: b.attention_norm.clone(),
-                qkv: Dense::new(&[&b.query[..], &b.key, &b.value].concat(), None, hidden, hidden + 2 * kv_width),
-                attention_out: Dense::new(&b.attention_out, None, hidden, hidden),
+                qkv: Dense::new(
+                    &[&b.query[..], &b.key, &b.value].concat(),
+                    None,
+                    hidden,
+                    hidden + 2 * kv_width,
+                    precision,
+                ),
+                attention_out: Dense::new(&b.attention_out, None, hidden, hidden, precision),
                 ffn_norm: b.ffn_norm.clone(),
-                gate_up: Dense::new(&[&b.gate[..], &b.up].concat(), None, hidden, 2 * ffn),
-                down: Dense::new(&b.down, None, ffn, hidden),
+                gate_up: Dense::new(&[&b.gate[..], &b.up].concat(), None, hidden, 2 * ffn, precision),
+                down: Dense::new(&b.down, None, ffn, hidden, precision),
             })
             .collect();
         // Tied embeddings (no output matrix): the same matrix projects back to the vocabulary.
-        let output = PackedWeight::new(weights.output_matrix(), hidden, shape.vocabulary);
+        let output = PackedWeight::new(weights.output_matrix(), hidden, shape.vocabulary, precision);
         let (cos, sin) = shape.rope_tables();
         LlamaModel {
             output_norm: weights.output_norm.clone(),
@@ -192,11 +198,19 @@ impl LlamaModel {
             attended.par_chunks_mut(hidden).enumerate().for_each_init(Vec::new, |scores, (r, out)| {
                 let (c, position) = rows[r];
                 let (keys, values) = caches[c];
-                for head in 0..heads {
-                    let q = &qkv[r * qkv_width + head * head_dim..][..head_dim];
-                    let out = &mut out[head * head_dim..][..head_dim];
-                    let offset = (head / group) * head_dim;
-                    attend(q, keys, values, position + 1, kv_width, offset, scale, scores, out);
+                let queries = &qkv[r * qkv_width..][..hidden];
+                for (kv_head, (queries, out)) in
+                    queries.chunks_exact(group * head_dim).zip(out.chunks_exact_mut(group * head_dim)).enumerate()
+                {
+                    let head = KvHead {
+                        keys,
+                        values,
+                        count: position + 1,
+                        stride: kv_width,
+                        offset: kv_head * head_dim,
+                        width: head_dim,
+                    };
+                    attend(queries, head, scale, scores, out);
                 }
             });
             block.attention_out.forward(&attended, n, &mut residual, threads);

@@ -1,0 +1,323 @@
+//! Int8 weights with one scale per [`BLOCK`] inputs of each output column (symmetric, as
+//! GGUF's Q8_0), times activations quantized to 16 bits with one scale per block of each row.
+//!
+//! Within a block the dot product is an exact integer sum: pairs of 16-bit products
+//! (`vpmaddwd`) added in 32-bit lanes, which cannot overflow (32 × 32767 × 127 < 2³¹). Blocks
+//! are then added in order in F32, each as one fused multiply-add of its integer sum
+//! (converted, rounding to nearest) by the product of the two scales. An integer sum does not
+//! depend on its order, and the float steps are the same in the vector and the portable code:
+//! results are row-invariant and the same bits on every machine, as with F32 weights.
+//!
+//! A quarter of the F32 weights' bytes is what makes decoding faster (each step streams every
+//! weight once for all its rows); 16-bit activations keep nearly all of their precision, so
+//! the gap to F32 is the weights' rounding.
+
+use super::{LANES, TILE_ROWS, tiles};
+
+/// Inputs per scale.
+pub(crate) const BLOCK: usize = 32;
+/// Pairs of inputs per block: one `vpmaddwd` each.
+const PAIRS: usize = BLOCK / 2;
+/// Weights in −127..=127: as Q8_0.
+const WEIGHT_LEVELS: f32 = 127.0;
+/// Activations in −32767..=32767.
+const ACTIVATION_LEVELS: f32 = 32767.0;
+
+/// A weight matrix `W [outputs, inputs]` quantized and laid out once at load for `x · Wᵀ`.
+pub(crate) struct Int8Panels {
+    /// Per panel of [`LANES`] columns, per block, per pair of inputs `(2j, 2j+1)`: each
+    /// column's two values side by side, so that sign-extended to 16 bits a column is one
+    /// 32-bit lane. Inputs past the end and columns past the last are zeros.
+    values: Vec<i8>,
+    /// Per panel, per block: the [`LANES`] columns' scales.
+    scales: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
+    blocks: usize,
+}
+
+impl Int8Panels {
+    /// Quantizes and packs `weight`, `outputs × inputs` row-major: each column's block is
+    /// scaled so that its largest magnitude is 127, and rounded.
+    pub(super) fn new(weight: &[f32], inputs: usize, outputs: usize) -> Int8Panels {
+        let blocks = inputs.div_ceil(BLOCK);
+        let panels = outputs.div_ceil(LANES);
+        let mut values = vec![0i8; panels * blocks * BLOCK * LANES];
+        let mut scales = vec![0.0f32; panels * blocks * LANES];
+        for column in 0..outputs {
+            let (p, lane) = (column / LANES, column % LANES);
+            for (b, block) in weight[column * inputs..][..inputs].chunks(BLOCK).enumerate() {
+                let (scale, inverse) = scale(block, WEIGHT_LEVELS);
+                scales[(p * blocks + b) * LANES + lane] = scale;
+                let start = (p * blocks + b) * BLOCK * LANES;
+                for (k, w) in block.iter().enumerate() {
+                    // `as` saturates: a value rounded past the levels stays at the edge.
+                    values[start + (k / 2) * 2 * LANES + lane * 2 + k % 2] = (w * inverse).round() as i8;
+                }
+            }
+        }
+        Int8Panels { values, scales, inputs, outputs, blocks }
+    }
+
+    pub(super) fn inputs(&self) -> usize {
+        self.inputs
+    }
+
+    pub(super) fn outputs(&self) -> usize {
+        self.outputs
+    }
+
+    /// `out (+)= x · Wᵀ`, see [`super::PackedWeight::matmul`]. The rows of `x` are quantized
+    /// first, each on its own, so a row's result does not depend on the others.
+    pub(super) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
+        let x = QuantizedRows::new(&x[..rows * self.inputs], self.inputs, self.blocks);
+        let blocks = self.blocks;
+        tiles(rows, self.outputs, out, accumulate, threads, |p, row, tile, sums| {
+            let panel = Panel {
+                values: &self.values[p * blocks * BLOCK * LANES..][..blocks * BLOCK * LANES],
+                scales: &self.scales[p * blocks * LANES..][..blocks * LANES],
+            };
+            let x = x.rows(row, tile);
+            match tile {
+                6 => product::<6>(x, panel, sums),
+                5 => product::<5>(x, panel, sums),
+                4 => product::<4>(x, panel, sums),
+                3 => product::<3>(x, panel, sums),
+                2 => product::<2>(x, panel, sums),
+                _ => product::<1>(x, panel, sums),
+            }
+        });
+    }
+}
+
+/// The scale that maps the largest magnitude of `values` to `levels`, and its inverse (both 0
+/// for a block of zeros).
+fn scale(values: &[f32], levels: f32) -> (f32, f32) {
+    let max = values.iter().fold(0.0f32, |max, v| max.max(v.abs()));
+    if max > 0.0 { (max / levels, levels / max) } else { (0.0, 0.0) }
+}
+
+/// Rows of activations as 16-bit integers with one scale per block, each row padded with
+/// zeros to whole blocks.
+struct QuantizedRows {
+    values: Vec<i16>,
+    scales: Vec<f32>,
+    blocks: usize,
+}
+
+/// A run of consecutive quantized rows.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    /// `rows × blocks × BLOCK`.
+    values: &'a [i16],
+    /// `rows × blocks`.
+    scales: &'a [f32],
+    blocks: usize,
+}
+
+/// One panel's values and scales.
+#[derive(Clone, Copy)]
+struct Panel<'a> {
+    values: &'a [i8],
+    scales: &'a [f32],
+}
+
+impl QuantizedRows {
+    fn new(x: &[f32], inputs: usize, blocks: usize) -> QuantizedRows {
+        let rows = x.len() / inputs;
+        let mut values = vec![0i16; rows * blocks * BLOCK];
+        let mut scales = Vec::with_capacity(rows * blocks);
+        for (row, quantized) in x.chunks_exact(inputs).zip(values.chunks_exact_mut(blocks * BLOCK)) {
+            for (block, quantized) in row.chunks(BLOCK).zip(quantized.chunks_exact_mut(BLOCK)) {
+                let (scale, inverse) = scale(block, ACTIVATION_LEVELS);
+                scales.push(scale);
+                quantized.iter_mut().zip(block).for_each(|(q, v)| *q = (v * inverse).round() as i16);
+            }
+        }
+        QuantizedRows { values, scales, blocks }
+    }
+
+    fn rows(&self, first: usize, count: usize) -> Rows<'_> {
+        let width = self.blocks * BLOCK;
+        Rows {
+            values: &self.values[first * width..][..count * width],
+            scales: &self.scales[first * self.blocks..][..count * self.blocks],
+            blocks: self.blocks,
+        }
+    }
+}
+
+/// The product of `R` quantized rows with one panel, into `sums`, with AVX2 where the CPU has
+/// it.
+#[inline(always)]
+fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { product_avx2::<R>(x, panel, sums) };
+    }
+    product_portable::<R>(x, panel, sums)
+}
+
+/// [`product`] element by element: the same integer sums, and the same float operations in
+/// the same order, so the very bits of the vector version.
+fn product_portable<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    let width = x.blocks * BLOCK;
+    for (r, sums) in sums.iter_mut().take(R).enumerate() {
+        let mut acc = [0.0f32; LANES];
+        for b in 0..x.blocks {
+            let inputs = &x.values[r * width + b * BLOCK..][..BLOCK];
+            let values = &panel.values[b * BLOCK * LANES..][..BLOCK * LANES];
+            let mut block = [0i32; LANES];
+            for (pair, values) in inputs.chunks_exact(2).zip(values.chunks_exact(2 * LANES)) {
+                for (lane, sum) in block.iter_mut().enumerate() {
+                    *sum += i32::from(values[2 * lane]) * i32::from(pair[0])
+                        + i32::from(values[2 * lane + 1]) * i32::from(pair[1]);
+                }
+            }
+            let row_scale = x.scales[r * x.blocks + b];
+            for (lane, acc) in acc.iter_mut().enumerate() {
+                *acc = (block[lane] as f32).mul_add(row_scale * panel.scales[b * LANES + lane], *acc);
+            }
+        }
+        *sums = acc;
+    }
+}
+
+/// [`product`] with each row's two block sums in AVX registers: per pair of inputs, two
+/// 16-byte weight loads sign-extended, `R` broadcasts of the pair and `2R` `vpmaddwd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+    use std::arch::x86_64::{
+        __m128i, __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
+        _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_madd_epi16, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps,
+        _mm256_setzero_ps, _mm256_setzero_si256, _mm256_storeu_ps,
+    };
+    let (blocks, width) = (x.blocks, x.blocks * BLOCK);
+    assert!(
+        x.values.len() >= R * width
+            && x.scales.len() >= R * blocks
+            && panel.values.len() >= blocks * BLOCK * LANES
+            && panel.scales.len() >= blocks * LANES,
+        "product: {R} rows of {blocks} blocks and a panel of {} values",
+        panel.values.len()
+    );
+    let (inputs, values) = (x.values.as_ptr(), panel.values.as_ptr());
+    let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
+    for b in 0..blocks {
+        let mut block: [[__m256i; 2]; R] = [[_mm256_setzero_si256(); 2]; R];
+        for j in 0..PAIRS {
+            // SAFETY: b < blocks, j < PAIRS and r < R keep every read inside the asserted
+            // lengths: 32 bytes of values per pair, two i16 of each row per pair.
+            unsafe {
+                let pair = values.add((b * PAIRS + j) * 2 * LANES);
+                let low = _mm256_cvtepi8_epi16(_mm_loadu_si128(pair.cast::<__m128i>()));
+                let high = _mm256_cvtepi8_epi16(_mm_loadu_si128(pair.add(LANES).cast::<__m128i>()));
+                for (r, block) in block.iter_mut().enumerate() {
+                    let both = inputs.add(r * width + b * BLOCK + 2 * j).cast::<i32>().read_unaligned();
+                    let both = _mm256_set1_epi32(both);
+                    block[0] = _mm256_add_epi32(block[0], _mm256_madd_epi16(both, low));
+                    block[1] = _mm256_add_epi32(block[1], _mm256_madd_epi16(both, high));
+                }
+            }
+        }
+        // SAFETY: the scales of block b: LANES floats, inside the asserted length.
+        let (scale_low, scale_high) = unsafe {
+            let scales = panel.scales.as_ptr().add(b * LANES);
+            (_mm256_loadu_ps(scales), _mm256_loadu_ps(scales.add(8)))
+        };
+        for (r, (acc, block)) in acc.iter_mut().zip(&block).enumerate() {
+            let row_scale = _mm256_set1_ps(x.scales[r * blocks + b]);
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[0]), _mm256_mul_ps(row_scale, scale_low), acc[0]);
+            acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[1]), _mm256_mul_ps(row_scale, scale_high), acc[1]);
+        }
+    }
+    for (sums, acc) in sums.iter_mut().zip(&acc) {
+        // SAFETY: each row of `sums` holds LANES = 16 floats.
+        unsafe {
+            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(count: usize, seed: usize) -> Vec<f32> {
+        (0..count).map(|i| ((i * seed) % 1009) as f32 / 1009.0 - 0.5).collect()
+    }
+
+    #[test]
+    fn the_vector_product_gives_the_bits_of_the_portable_one() {
+        // 77 inputs: two whole blocks and a padded one; 20 outputs: a padded second panel.
+        let (inputs, outputs) = (77, 20);
+        let weights = Int8Panels::new(&values(inputs * outputs, 104_729), inputs, outputs);
+        let x = QuantizedRows::new(&values(TILE_ROWS * inputs, 7919), inputs, weights.blocks);
+        for p in 0..2 {
+            let panel = Panel {
+                values: &weights.values[p * 3 * BLOCK * LANES..][..3 * BLOCK * LANES],
+                scales: &weights.scales[p * 3 * LANES..][..3 * LANES],
+            };
+            fn both<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
+                let (mut fast, mut plain) = ([[0.0; LANES]; TILE_ROWS], [[0.0; LANES]; TILE_ROWS]);
+                product::<R>(x, panel, &mut fast);
+                product_portable::<R>(x, panel, &mut plain);
+                assert_eq!(fast, plain, "{R} rows");
+                assert_ne!(fast[0], [0.0; LANES]);
+            }
+            both::<1>(x.rows(0, 1), panel);
+            both::<4>(x.rows(2, 4), panel);
+            both::<6>(x.rows(0, 6), panel);
+        }
+    }
+
+    #[test]
+    fn products_are_close_to_f32_and_rows_do_not_depend_on_the_batch() {
+        let (inputs, outputs, rows) = (576, 100, 13);
+        let weight = values(inputs * outputs, 104_729);
+        let x = values(rows * inputs, 7919);
+        let packed = Int8Panels::new(&weight, inputs, outputs);
+        let mut batch = vec![0.0; rows * outputs];
+        packed.matmul(&x, rows, &mut batch, false, 3);
+        let mut alone = vec![0.0; outputs];
+        packed.matmul(&x[7 * inputs..8 * inputs], 1, &mut alone, false, 1);
+        assert_eq!(&batch[7 * outputs..8 * outputs], alone.as_slice());
+        for (r, row) in batch.chunks_exact(outputs).enumerate() {
+            let x = &x[r * inputs..][..inputs];
+            for (c, y) in row.iter().enumerate() {
+                let w = &weight[c * inputs..][..inputs];
+                let exact: f32 = x.iter().zip(w).map(|(x, w)| x * w).sum();
+                // Each weight is off by half its block's step at most (the largest magnitude
+                // over 127); 16-bit activations and float sums add far less than the margin.
+                let bound: f32 = x
+                    .chunks(BLOCK)
+                    .zip(w.chunks(BLOCK))
+                    .map(|(x, w)| {
+                        let step = w.iter().fold(0.0f32, |m, v| m.max(v.abs())) / WEIGHT_LEVELS;
+                        x.iter().map(|v| v.abs() * step / 2.0).sum::<f32>()
+                    })
+                    .sum();
+                assert!((y - exact).abs() <= bound + 1e-3, "row {r}, column {c}: {y} vs {exact}, bound {bound}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_blocks_and_extreme_values_stay_finite() {
+        let (inputs, outputs) = (64, 16);
+        let mut weight = vec![0.0; inputs * outputs];
+        weight[0] = 1e30;
+        weight[inputs + 40] = -3.0;
+        let packed = Int8Panels::new(&weight, inputs, outputs);
+        let mut x = vec![0.0; inputs];
+        x[0] = 2.0;
+        x[40] = 1e-30;
+        let mut out = vec![f32::NAN; outputs];
+        packed.matmul(&x, 1, &mut out, false, 1);
+        assert!((out[0] / 2e30 - 1.0).abs() < 1e-5, "{}", out[0]);
+        assert!(out[1].abs() < 1e-28 && out[2..].iter().all(|v| *v == 0.0), "{out:?}");
+    }
+}
