@@ -226,69 +226,101 @@ pub(crate) struct KvHead<'a> {
 pub(crate) fn attend(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
     let KvHead { keys, count, stride, offset, width, .. } = head;
     let heads = queries.len() / width;
+    // Key-major (`count × heads`): the weights of one key for a group of heads are contiguous.
     scores.clear();
-    scores.resize(heads * count, 0.0);
     for j in 0..count {
         let key = &keys[j * stride + offset..][..width];
-        for (h, query) in queries.chunks_exact(width).enumerate() {
-            scores[h * count + j] = dot(query, key) * scale;
-        }
+        scores.extend(queries.chunks_exact(width).map(|query| dot(query, key) * scale));
     }
-    for weights in scores.chunks_exact_mut(count.max(1)) {
-        let max = weights.iter().fold(f32::NEG_INFINITY, |max, score| max.max(*score));
+    for h in 0..heads {
+        let max = scores.iter().skip(h).step_by(heads).fold(f32::NEG_INFINITY, |max, score| max.max(*score));
         let mut total = 0.0;
-        for weight in weights.iter_mut() {
+        for weight in scores.iter_mut().skip(h).step_by(heads) {
             *weight = (*weight - max).exp();
             total += *weight;
         }
-        weights.iter_mut().for_each(|weight| *weight /= total);
+        scores.iter_mut().skip(h).step_by(heads).for_each(|weight| *weight /= total);
     }
-    let mut first = 0;
-    while first < heads {
-        let group = (heads - first).min(4);
-        let (weights, out) =
-            (&scores[first * count..(first + group) * count], &mut out[first * width..(first + group) * width]);
-        // The sums of a block of output columns for every head of the group fill the
-        // registers: 4 × 32 floats for one or two heads, 6 or 8 × 16 for three or four.
-        match group {
-            4 => weigh_values::<4, 16>(weights, head, out),
-            3 => weigh_values::<3, 16>(weights, head, out),
-            2 => weigh_values::<2, 32>(weights, head, out),
-            _ => weigh_values::<1, 32>(weights, head, out),
+    weigh_values(scores, heads, head, out);
+}
+
+/// `out[h] = Σ_j weights[j][h] · value_j` for every head `h` (`weights`: `count × heads`): each
+/// sum adds the keys in order, a product and then a sum per key (not fused), with AVX2 where the
+/// CPU has it and the width is whole blocks of 16.
+fn weigh_values(weights: &[f32], heads: usize, head: KvHead<'_>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if head.width.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx2") {
+        let mut first = 0;
+        while first < heads {
+            let group = (heads - first).min(4);
+            let out = &mut out[first * head.width..(first + group) * head.width];
+            // SAFETY: the CPU has AVX2.
+            unsafe {
+                match group {
+                    4 => weigh_values_avx2::<4>(weights, heads, first, head, out),
+                    3 => weigh_values_avx2::<3>(weights, heads, first, head, out),
+                    2 => weigh_values_avx2::<2>(weights, heads, first, head, out),
+                    _ => weigh_values_avx2::<1>(weights, heads, first, head, out),
+                }
+            }
+            first += group;
         }
-        first += group;
+        return;
+    }
+    weigh_values_portable(weights, heads, head, out);
+}
+
+/// [`weigh_values`] element by element: the very bits of the vector version.
+fn weigh_values_portable(weights: &[f32], heads: usize, head: KvHead<'_>, out: &mut [f32]) {
+    let KvHead { values, stride, offset, width, .. } = head;
+    for (h, out) in out.chunks_exact_mut(width).enumerate() {
+        for (i, out) in out.iter_mut().enumerate() {
+            *out = weights
+                .chunks_exact(heads)
+                .enumerate()
+                .fold(0.0, |sum, (j, weights)| sum + weights[h] * values[j * stride + offset + i]);
+        }
     }
 }
 
-/// `out[g] = Σ_j weights[g][j] · value_j` for `G` heads, block by block of `B` output columns,
-/// the block's sums held in registers over all keys (a whole row of sums would go through
-/// memory at every key). Each sum adds the keys in order, whatever `G` and `B`. Full blocks go
-/// through a fixed-size array, which is what lets the compiler keep them in registers; the
-/// two loops compute the same thing.
-fn weigh_values<const G: usize, const B: usize>(weights: &[f32], head: KvHead<'_>, out: &mut [f32]) {
+/// [`weigh_values`] for the `G ≤ 4` heads from `first`, 16 output columns at a time: the
+/// `2G` sums in registers over all keys, each key's value block loaded once for the group.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn weigh_values_avx2<const G: usize>(weights: &[f32], heads: usize, first: usize, head: KvHead<'_>, out: &mut [f32]) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
     let KvHead { values, count, stride, offset, width, .. } = head;
-    for start in (0..width).step_by(B) {
-        let len = B.min(width - start);
-        let mut sums = [[0.0f32; B]; G];
-        if len == B {
-            for j in 0..count {
-                let value: &[f32; B] = values[j * stride + offset + start..][..B].try_into().expect("a block");
+    assert!(
+        first + G <= heads
+            && weights.len() >= count * heads
+            && out.len() >= G * width
+            && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
+        "weigh_values: {G} heads from {first} of {heads}, {count} keys"
+    );
+    for start in (0..width).step_by(16) {
+        let mut sums: [[__m256; 2]; G] = [[_mm256_setzero_ps(); 2]; G];
+        for j in 0..count {
+            // SAFETY: j < count, start + 16 ≤ width and g < G keep every read inside the
+            // asserted lengths.
+            unsafe {
+                let value = values.as_ptr().add(j * stride + offset + start);
+                let (low, high) = (_mm256_loadu_ps(value), _mm256_loadu_ps(value.add(8)));
                 for (g, sums) in sums.iter_mut().enumerate() {
-                    let weight = weights[g * count + j];
-                    sums.iter_mut().zip(value).for_each(|(s, v)| *s += weight * v);
-                }
-            }
-        } else {
-            for j in 0..count {
-                let value = &values[j * stride + offset + start..][..len];
-                for (g, sums) in sums.iter_mut().enumerate() {
-                    let weight = weights[g * count + j];
-                    sums.iter_mut().zip(value).for_each(|(s, v)| *s += weight * v);
+                    let weight = _mm256_set1_ps(*weights.get_unchecked(j * heads + first + g));
+                    sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(weight, low));
+                    sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(weight, high));
                 }
             }
         }
         for (g, sums) in sums.iter().enumerate() {
-            out[g * width + start..][..len].copy_from_slice(&sums[..len]);
+            // SAFETY: g < G and start + 16 ≤ width: inside the asserted `out`.
+            unsafe {
+                let out = out.as_mut_ptr().add(g * width + start);
+                _mm256_storeu_ps(out, sums[0]);
+                _mm256_storeu_ps(out.add(8), sums[1]);
+            }
         }
     }
 }
@@ -358,5 +390,18 @@ mod tests {
         }
         let distinct: std::collections::BTreeSet<u32> = together.iter().map(|v| v.to_bits()).collect();
         assert!(distinct.len() > 4 * width, "the heads attended differently");
+    }
+
+    #[test]
+    fn the_vector_value_sums_give_the_bits_of_the_portable_ones() {
+        let (count, heads, width, stride) = (9, 3, 32, 70);
+        let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
+        let weights: Vec<f32> = (0..count * heads).map(|i| ((i * 7919) % 101) as f32 / 101.0).collect();
+        let head = KvHead { keys: &values, values: &values, count, stride, offset: 5, width };
+        let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
+        weigh_values(&weights, heads, head, &mut fast);
+        weigh_values_portable(&weights, heads, head, &mut plain);
+        assert_eq!(fast, plain);
+        assert!(plain.iter().all(|v| *v != 0.0));
     }
 }
