@@ -20,15 +20,13 @@ pub async fn bench_rollouts(
 ) -> Result<u8> {
     use std::collections::BTreeMap;
 
-    use sesa_engine::spec::{SourceDoc, Spec};
     use sesa_stages::agent::{Episode, Role};
     use sesa_stages::policy::GenerationRequest;
     use sesa_stages::sections::AgentSetup;
 
-    let mut source = SourceDoc::load(spec_path).map_err(sesa_engine::SpecErrors::from)?;
-    source.apply_overrides(overrides).map_err(sesa_engine::SpecErrors::from)?;
-    let spec = Spec::from_source(&source, registry)?;
-    let setup = AgentSetup::from_spec(&spec).await?;
+    let pipeline = sesa_engine::load_pipeline(spec_path, overrides, registry)?;
+    let spec = pipeline.spec();
+    let setup = AgentSetup::from_spec(spec).await?;
     let template = setup.template(Role::Solver)?;
     let questions = load_questions(questions)?;
     let episodes: Vec<Episode> = questions
@@ -48,7 +46,7 @@ pub async fn bench_rollouts(
     // trajectories are the same every time (seeded, and batching changes no bit).
     let (mut loops, mut replays, mut results, mut busy) = (Vec::new(), Vec::new(), Vec::new(), Default::default());
     for _ in 0..repeats.max(1) {
-        let setup = AgentSetup::from_spec(&spec).await?;
+        let setup = AgentSetup::from_spec(spec).await?;
         let run = setup.agent(Role::Solver);
         let clock = Instant::now();
         (results, busy) = run.run_timed(&episodes).await?;
@@ -58,7 +56,7 @@ pub async fn bench_rollouts(
         // requests (its recorded context, its turn seed, as many tokens as the turn had), all
         // trajectories concurrently. The model reads and writes exactly what it did in the
         // loop; searching, parsing and the loop's bookkeeping are what is missing.
-        let policy = AgentSetup::from_spec(&spec).await?.policy;
+        let policy = AgentSetup::from_spec(spec).await?.policy;
         let clock = Instant::now();
         let replayed = futures::future::try_join_all(
             results.iter().zip(&episodes).map(|(t, e)| replay(policy.as_ref(), t, e.seed, sampling)),
@@ -85,7 +83,7 @@ pub async fn bench_rollouts(
     // Raw generation of the same number of tokens per trajectory from the same prompts (no
     // tool results), on a freshly loaded policy, as llama-batched-bench runs it: the prompt
     // and first token, then the rest from there (after EOS too).
-    let raw_policy = AgentSetup::from_spec(&spec).await?.policy;
+    let raw_policy = AgentSetup::from_spec(spec).await?.policy;
     let firsts: Vec<GenerationRequest> =
         episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed, true)).collect();
     let clock = Instant::now();

@@ -1,6 +1,8 @@
 //! F32 weights in panels: every output element is one chain of fused multiply-adds.
 
-use super::{LANES, TILE_ROWS, tiles};
+#[cfg(target_arch = "x86_64")]
+use super::store_tile;
+use super::{LANES, Tile, TileKernel, tiles};
 
 /// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), laid out once at
 /// load for `x · Wᵀ`: panels of [`LANES`] output columns, each `inputs × LANES` with the
@@ -44,26 +46,28 @@ impl F32Panels {
     /// row-invariant, and the same on every machine (fused multiply-add rounds once, in
     /// hardware or not).
     pub(super) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
-        let inputs = self.inputs;
-        tiles(rows, self.outputs, out, accumulate, threads, |p, row, tile, sums| {
-            let panel = &self.panels[p * inputs * LANES..][..inputs * LANES];
-            let x = &x[row * inputs..(row + tile) * inputs];
-            match tile {
-                6 => product::<6>(x, panel, sums),
-                5 => product::<5>(x, panel, sums),
-                4 => product::<4>(x, panel, sums),
-                3 => product::<3>(x, panel, sums),
-                2 => product::<2>(x, panel, sums),
-                _ => product::<1>(x, panel, sums),
-            }
-        });
+        tiles(&F32Rows { weights: self, x }, rows, self.outputs, out, accumulate, threads);
+    }
+}
+
+/// The rows of one call with the weights they multiply.
+struct F32Rows<'a> {
+    weights: &'a F32Panels,
+    x: &'a [f32],
+}
+
+impl TileKernel for F32Rows<'_> {
+    fn product<const R: usize>(&self, panel: usize, row: usize, sums: &mut Tile) {
+        let inputs = self.weights.inputs;
+        let panel = &self.weights.panels[panel * inputs * LANES..][..inputs * LANES];
+        product::<R>(&self.x[row * inputs..(row + R) * inputs], panel, sums);
     }
 }
 
 /// The product of `R` rows of `x` (each `inputs` long) with one panel, into `sums`: one fused
 /// multiply-add chain per element, `k` ascending, with AVX2 where the CPU has it.
 #[inline(always)]
-fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
+fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features the function is compiled for.
@@ -74,7 +78,7 @@ fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; T
 
 /// [`product`] element by element; fused multiply-add rounds once, so this gives the very
 /// bits of the vector version.
-fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
+fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     let inputs = x.len() / R;
     for (r, sums) in sums.iter_mut().take(R).enumerate() {
         let row = &x[r * inputs..][..inputs];
@@ -90,10 +94,8 @@ fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; 
 /// broadcasts and `2R` fused multiply-adds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANES]; TILE_ROWS]) {
-    use std::arch::x86_64::{
-        __m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
+fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
+    use std::arch::x86_64::{__m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
     let inputs = x.len() / R;
     assert!(
         x.len() == R * inputs && panel.len() >= inputs * LANES,
@@ -115,18 +117,13 @@ fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut [[f32; LANE
             }
         }
     }
-    for (sums, acc) in sums.iter_mut().zip(&acc) {
-        // SAFETY: each row of `sums` holds LANES = 16 floats.
-        unsafe {
-            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
-            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
-        }
-    }
+    store_tile(&acc, sums);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::TILE_ROWS;
 
     #[test]
     fn the_vector_product_gives_the_bits_of_the_portable_one() {
@@ -134,7 +131,7 @@ mod tests {
         let x: Vec<f32> = (0..TILE_ROWS * inputs).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
         let panel: Vec<f32> = (0..inputs * LANES).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
         fn both<const R: usize>(x: &[f32], panel: &[f32]) {
-            let (mut fast, mut plain) = ([[0.0; LANES]; TILE_ROWS], [[0.0; LANES]; TILE_ROWS]);
+            let (mut fast, mut plain): (Tile, Tile) = Default::default();
             product::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut fast);
             product_portable::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut plain);
             assert_eq!(fast, plain, "{R} rows");

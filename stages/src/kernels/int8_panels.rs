@@ -12,7 +12,9 @@
 //! weight once for all its rows); 16-bit activations keep nearly all of their precision, so
 //! the gap to F32 is the weights' rounding.
 
-use super::{LANES, TILE_ROWS, tiles};
+#[cfg(target_arch = "x86_64")]
+use super::store_tile;
+use super::{LANES, Tile, TileKernel, tiles};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -71,22 +73,28 @@ impl Int8Panels {
     /// first, each on its own, so a row's result does not depend on the others.
     pub(super) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
         let x = QuantizedRows::new(&x[..rows * self.inputs], self.inputs, self.blocks);
+        tiles(&Int8Rows { weights: self, x: &x }, rows, self.outputs, out, accumulate, threads);
+    }
+
+    /// Panel `p`'s values and scales.
+    fn panel(&self, p: usize) -> Panel<'_> {
         let blocks = self.blocks;
-        tiles(rows, self.outputs, out, accumulate, threads, |p, row, tile, sums| {
-            let panel = Panel {
-                values: &self.values[p * blocks * BLOCK * LANES..][..blocks * BLOCK * LANES],
-                scales: &self.scales[p * blocks * LANES..][..blocks * LANES],
-            };
-            let x = x.rows(row, tile);
-            match tile {
-                6 => product::<6>(x, panel, sums),
-                5 => product::<5>(x, panel, sums),
-                4 => product::<4>(x, panel, sums),
-                3 => product::<3>(x, panel, sums),
-                2 => product::<2>(x, panel, sums),
-                _ => product::<1>(x, panel, sums),
-            }
-        });
+        Panel {
+            values: &self.values[p * blocks * BLOCK * LANES..][..blocks * BLOCK * LANES],
+            scales: &self.scales[p * blocks * LANES..][..blocks * LANES],
+        }
+    }
+}
+
+/// The quantized rows of one call with the weights they multiply.
+struct Int8Rows<'a> {
+    weights: &'a Int8Panels,
+    x: &'a QuantizedRows,
+}
+
+impl TileKernel for Int8Rows<'_> {
+    fn product<const R: usize>(&self, panel: usize, row: usize, sums: &mut Tile) {
+        product::<R>(self.x.rows(row, R), self.weights.panel(panel), sums);
     }
 }
 
@@ -150,7 +158,7 @@ impl QuantizedRows {
 /// The product of `R` quantized rows with one panel, into `sums`, with AVX2 where the CPU has
 /// it.
 #[inline(always)]
-fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features the function is compiled for.
@@ -161,7 +169,7 @@ fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANE
 
 /// [`product`] element by element: the same integer sums, and the same float operations in
 /// the same order, so the very bits of the vector version.
-fn product_portable<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+fn product_portable<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     let width = x.blocks * BLOCK;
     for (r, sums) in sums.iter_mut().take(R).enumerate() {
         let mut acc = [0.0f32; LANES];
@@ -188,11 +196,11 @@ fn product_portable<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[
 /// 16-byte weight loads sign-extended, `R` broadcasts of the pair and `2R` `vpmaddwd`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32; LANES]; TILE_ROWS]) {
+fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     use std::arch::x86_64::{
         __m128i, __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
         _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_madd_epi16, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps,
-        _mm256_setzero_ps, _mm256_setzero_si256, _mm256_storeu_ps,
+        _mm256_setzero_ps, _mm256_setzero_si256,
     };
     let (blocks, width) = (x.blocks, x.blocks * BLOCK);
     assert!(
@@ -233,18 +241,13 @@ fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut [[f32;
             acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[1]), _mm256_mul_ps(row_scale, scale_high), acc[1]);
         }
     }
-    for (sums, acc) in sums.iter_mut().zip(&acc) {
-        // SAFETY: each row of `sums` holds LANES = 16 floats.
-        unsafe {
-            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
-            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
-        }
-    }
+    store_tile(&acc, sums);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::TILE_ROWS;
 
     fn values(count: usize, seed: usize) -> Vec<f32> {
         (0..count).map(|i| ((i * seed) % 1009) as f32 / 1009.0 - 0.5).collect()
@@ -257,12 +260,9 @@ mod tests {
         let weights = Int8Panels::new(&values(inputs * outputs, 104_729), inputs, outputs);
         let x = QuantizedRows::new(&values(TILE_ROWS * inputs, 7919), inputs, weights.blocks);
         for p in 0..2 {
-            let panel = Panel {
-                values: &weights.values[p * 3 * BLOCK * LANES..][..3 * BLOCK * LANES],
-                scales: &weights.scales[p * 3 * LANES..][..3 * LANES],
-            };
+            let panel = weights.panel(p);
             fn both<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
-                let (mut fast, mut plain) = ([[0.0; LANES]; TILE_ROWS], [[0.0; LANES]; TILE_ROWS]);
+                let (mut fast, mut plain): (Tile, Tile) = Default::default();
                 product::<R>(x, panel, &mut fast);
                 product_portable::<R>(x, panel, &mut plain);
                 assert_eq!(fast, plain, "{R} rows");

@@ -86,15 +86,20 @@ impl PackedWeight {
     }
 }
 
-/// The tile driver of the product kernels: calls `product(panel, row, tile, sums)` for every
-/// panel of [`LANES`] output columns and every tile of `tile ≤ TILE_ROWS` rows from `row`, and
-/// writes the tile's sums into `out` (`rows × outputs`), or adds them when `accumulate`. Panels
-/// are split over up to `threads` threads, which write disjoint columns; a tile's sums never
-/// depend on the tile.
-fn tiles<F>(rows: usize, outputs: usize, out: &mut [f32], accumulate: bool, threads: usize, product: F)
-where
-    F: Fn(usize, usize, usize, &mut [[f32; LANES]; TILE_ROWS]) + Sync,
-{
+/// The sums of one tile: up to [`TILE_ROWS`] rows of one panel's [`LANES`] columns.
+type Tile = [[f32; LANES]; TILE_ROWS];
+
+/// A product kernel over packed weights and the rows of one call: `product::<R>(panel, row,
+/// sums)` writes the products of rows `row..row + R` with panel `panel` into `sums`.
+trait TileKernel: Sync {
+    fn product<const R: usize>(&self, panel: usize, row: usize, sums: &mut Tile);
+}
+
+/// The tile driver of the product kernels: runs `kernel` on every panel of [`LANES`] output
+/// columns and every tile of up to [`TILE_ROWS`] rows, and writes the tile's sums into `out`
+/// (`rows × outputs`), or adds them when `accumulate`. Panels are split over up to `threads`
+/// threads, which write disjoint columns; a tile's sums never depend on the tile.
+fn tiles<K: TileKernel>(kernel: &K, rows: usize, outputs: usize, out: &mut [f32], accumulate: bool, threads: usize) {
     assert!(out.len() >= rows * outputs, "tiles: an output of {} for {rows}×{outputs}", out.len());
     let panels = outputs.div_ceil(LANES);
     let parts = threads.clamp(1, (panels / MIN_PANELS).max(1));
@@ -110,7 +115,14 @@ where
                 while row < block_end {
                     let tile = (block_end - row).min(TILE_ROWS);
                     let mut sums = [[0.0f32; LANES]; TILE_ROWS];
-                    product(p, row, tile, &mut sums);
+                    match tile {
+                        6 => kernel.product::<6>(p, row, &mut sums),
+                        5 => kernel.product::<5>(p, row, &mut sums),
+                        4 => kernel.product::<4>(p, row, &mut sums),
+                        3 => kernel.product::<3>(p, row, &mut sums),
+                        2 => kernel.product::<2>(p, row, &mut sums),
+                        _ => kernel.product::<1>(p, row, &mut sums),
+                    }
                     for (r, sums) in sums.iter().take(tile).enumerate() {
                         // SAFETY: the assertion above bounds `row + r < rows` and the
                         // columns `p * LANES + c < outputs`; parts write disjoint panels.
@@ -132,6 +144,20 @@ where
         part(0);
     } else {
         (0..parts).into_par_iter().for_each(part);
+    }
+}
+
+/// Stores a vector kernel's two accumulators per row into the rows of `sums`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn store_tile(acc: &[[std::arch::x86_64::__m256; 2]], sums: &mut Tile) {
+    use std::arch::x86_64::_mm256_storeu_ps;
+    for (sums, acc) in sums.iter_mut().zip(acc) {
+        // SAFETY: each row of `sums` holds LANES = 16 floats.
+        unsafe {
+            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
+        }
     }
 }
 
