@@ -21,7 +21,7 @@ pub use self::prompt::{
     VERIFIER_PROMPT,
 };
 pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
-use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Sampling};
+use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Precision, Sampling};
 use crate::search::{Search, SearchError, format_results};
 
 /// Budgets of one episode.
@@ -116,6 +116,8 @@ pub struct Trajectory {
     pub prompt_ids: Vec<u32>,
     /// The version of the policy's weights that generated it.
     pub policy_version: u64,
+    /// The precision of those weights, where the policy runs in process.
+    pub precision: Option<Precision>,
 }
 
 impl Trajectory {
@@ -262,6 +264,7 @@ impl AgentRun<'_> {
             prompt_tokens: prompt_ids.as_ref().map(Vec::len),
             prompt_ids: prompt_ids.clone().unwrap_or_default(),
             policy_version: self.policy.version(),
+            precision: self.policy.precision(),
         };
         for turn in 0..self.limits.max_turns {
             let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));

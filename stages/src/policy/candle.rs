@@ -335,6 +335,10 @@ impl Policy for CandlePolicy {
         self.inner.version.load(Ordering::SeqCst)
     }
 
+    fn precision(&self) -> Option<Precision> {
+        Some(self.inner.precision)
+    }
+
     fn reloaded(&self, version: u64, checkpoint: &Path) -> Result<(), PolicyError> {
         let files = ModelFiles::read(checkpoint).map_err(|e| self.inner.error(e))?;
         self.load_weights(&files.weights, version)

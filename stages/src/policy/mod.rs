@@ -132,6 +132,12 @@ pub trait Policy: Send + Sync {
         0
     }
 
+    /// The precision of the weights served, where the spec chooses it (the `candle` backend);
+    /// `None` where the model file (mistral.rs reads GGUF's own types) or a server does.
+    fn precision(&self) -> Option<Precision> {
+        None
+    }
+
     /// Serves policy version `version`, an external trainer's checkpoint at `checkpoint`
     /// (blocking): a remote backend records that its servers reloaded it; the `candle` backend
     /// loads the checkpoint (a Hugging Face directory) itself.
