@@ -225,19 +225,13 @@ impl Dense {
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail = a_chunks.remainder().iter().zip(b_chunks.remainder()).map(|(x, y)| x * y);
+    let tail: f32 = a_chunks.remainder().iter().zip(b_chunks.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in a_chunks.zip(b_chunks) {
         for lane in 0..8 {
             lanes[lane] += x[lane] * y[lane];
         }
     }
-    lane_total(&lanes, tail)
-}
-
-/// The end of every [`dot`]: the lane sums added in lane order, then the products past the
-/// last whole block of eight (vector versions end the same way, so they keep its bits).
-fn lane_total(lanes: &[f32; 8], tail: impl Iterator<Item = f32>) -> f32 {
-    lanes.iter().sum::<f32>() + tail.sum::<f32>()
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// `target += other`, element by element.
@@ -266,8 +260,14 @@ pub(crate) struct KvHead<'a> {
 /// arithmetic is its own, in the order it would have alone: a head's output does not depend
 /// on the others.
 pub(crate) fn attend(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let heads = queries.len() / head.width;
-    attention_scores(queries, head, scale, scores);
+    let KvHead { keys, count, stride, offset, width, .. } = head;
+    let heads = queries.len() / width;
+    // Key-major (`count × heads`): the weights of one key for a group of heads are contiguous.
+    scores.clear();
+    for j in 0..count {
+        let key = &keys[j * stride + offset..][..width];
+        scores.extend(queries.chunks_exact(width).map(|query| dot(query, key) * scale));
+    }
     for h in 0..heads {
         let max = scores.iter().skip(h).step_by(heads).fold(f32::NEG_INFINITY, |max, score| max.max(*score));
         let mut total = 0.0;
@@ -278,104 +278,6 @@ pub(crate) fn attend(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut
         scores.iter_mut().skip(h).step_by(heads).for_each(|weight| *weight /= total);
     }
     weigh_values(scores, heads, head, out);
-}
-
-/// `scores[j · heads + h] = (query_h · key_j) · scale` for every key `j` and head `h`
-/// (key-major: the weights of one key for a group of heads are contiguous), each product a
-/// [`dot`], with AVX2 where the CPU has it and the width is whole blocks of eight.
-fn attention_scores(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut Vec<f32>) {
-    let heads = queries.len() / head.width;
-    scores.clear();
-    scores.resize(head.count * heads, 0.0);
-    #[cfg(target_arch = "x86_64")]
-    if head.width.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx2") {
-        let mut first = 0;
-        while first < heads {
-            let group = (heads - first).min(3);
-            // SAFETY: the CPU has AVX2. Keys per pass are chosen so that the group's
-            // accumulators, queries and a key fit the sixteen registers.
-            unsafe {
-                match group {
-                    3 => attention_scores_avx2::<3, 3>(queries, first, head, scale, scores),
-                    2 => attention_scores_avx2::<2, 4>(queries, first, head, scale, scores),
-                    _ => attention_scores_avx2::<1, 8>(queries, first, head, scale, scores),
-                }
-            }
-            first += group;
-        }
-        return;
-    }
-    attention_scores_portable(queries, head, scale, scores);
-}
-
-/// [`attention_scores`] one dot product at a time: the very bits of the vector version.
-fn attention_scores_portable(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut [f32]) {
-    let KvHead { keys, stride, offset, width, .. } = head;
-    let heads = queries.len() / width;
-    for (j, scores) in scores.chunks_exact_mut(heads).enumerate() {
-        let key = &keys[j * stride + offset..][..width];
-        for (score, query) in scores.iter_mut().zip(queries.chunks_exact(width)) {
-            *score = dot(query, key) * scale;
-        }
-    }
-}
-
-/// [`attention_scores`] for the `G` heads from `first`, `K` keys at a time: `G · K` dot
-/// products in registers at once (one alone is a chain of dependent adds that leaves the
-/// vector units idle), each query block loaded once per pass and each key block once for the
-/// group.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn attention_scores_avx2<const G: usize, const K: usize>(
-    queries: &[f32],
-    first: usize,
-    head: KvHead<'_>,
-    scale: f32,
-    scores: &mut [f32],
-) {
-    use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    let KvHead { keys, count, stride, offset, width, .. } = head;
-    let heads = queries.len() / width;
-    assert!(
-        width.is_multiple_of(8)
-            && first + G <= heads
-            && scores.len() >= count * heads
-            && (count == 0 || keys.len() >= (count - 1) * stride + offset + width),
-        "attention_scores: {G} heads from {first} of {heads}, {count} keys of width {width}"
-    );
-    let mut start = 0;
-    while start < count {
-        // The last pass may hold fewer than K keys: its spare slots repeat the last key and
-        // their sums are dropped.
-        let taken = (count - start).min(K);
-        let key_at: [usize; K] = std::array::from_fn(|k| (start + k.min(taken - 1)) * stride + offset);
-        let mut sums: [[__m256; K]; G] = [[_mm256_setzero_ps(); K]; G];
-        for block in (0..width).step_by(8) {
-            // SAFETY: block + 8 ≤ width, g < G and every key index is below count: inside the
-            // asserted lengths.
-            unsafe {
-                let query: [__m256; G] =
-                    std::array::from_fn(|g| _mm256_loadu_ps(queries.as_ptr().add((first + g) * width + block)));
-                for (k, at) in key_at.iter().enumerate() {
-                    let key = _mm256_loadu_ps(keys.as_ptr().add(at + block));
-                    for g in 0..G {
-                        sums[g][k] = _mm256_add_ps(sums[g][k], _mm256_mul_ps(query[g], key));
-                    }
-                }
-            }
-        }
-        for (g, sums) in sums.iter().enumerate() {
-            for (k, sum) in sums.iter().take(taken).enumerate() {
-                let mut lanes = [0.0f32; 8];
-                // SAFETY: `lanes` holds eight floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *sum) };
-                scores[(start + k) * heads + first + g] = lane_total(&lanes, std::iter::empty()) * scale;
-            }
-        }
-        start += taken;
-    }
 }
 
 /// `out[h] = Σ_j weights[j][h] · value_j` for every head `h` (`weights`: `count × heads`): each
@@ -504,26 +406,6 @@ mod tests {
         attend(&query, head, 1.0, &mut Vec::new(), &mut out);
         let p = 1.0 / (1.0 + 1.0f32.exp());
         assert!((out[0] - 10.0 * p).abs() < 1e-5 && (out[1] - 10.0 * (1.0 - p)).abs() < 1e-5, "{out:?}");
-    }
-
-    #[test]
-    fn the_vector_scores_give_the_bits_of_the_portable_ones() {
-        // Every group size (one to five heads: a group of three, then two) and key counts
-        // that leave a partial last pass for each.
-        let (width, stride) = (64, 2 * 64 + 5);
-        for heads in 1..=5 {
-            for count in [0, 1, 2, 5, 9, 17] {
-                let keys: Vec<f32> = (0..count * stride).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
-                let queries: Vec<f32> = (0..heads * width).map(|i| ((i * 31) % 101) as f32 / 50.0 - 1.0).collect();
-                let head = KvHead { keys: &keys, values: &keys, count, stride, offset: width, width };
-                let mut vector = Vec::new();
-                attention_scores(&queries, head, 0.125, &mut vector);
-                let mut portable = vec![f32::NAN; count * heads];
-                attention_scores_portable(&queries, head, 0.125, &mut portable);
-                let bits = |scores: &[f32]| scores.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&vector), bits(&portable), "{heads} heads, {count} keys");
-            }
-        }
     }
 
     #[test]
