@@ -116,7 +116,7 @@ pub struct Trajectory {
     pub prompt_ids: Vec<u32>,
     /// The version of the policy's weights that generated it.
     pub policy_version: u64,
-    /// The precision of those weights, where the policy runs in process.
+    /// The precision of those weights, where the spec chooses it (the `candle` backend).
     pub precision: Option<Precision>,
 }
 

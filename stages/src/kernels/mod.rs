@@ -40,13 +40,6 @@ pub enum Precision {
     Int8,
 }
 
-/// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), packed once at
-/// load for `x · Wᵀ`.
-pub(crate) enum PackedWeight {
-    F32(F32Panels),
-    Int8(Int8Panels),
-}
-
 impl Precision {
     /// Its name in specs and tables.
     pub fn name(self) -> &'static str {
@@ -55,6 +48,13 @@ impl Precision {
             Precision::Int8 => "int8",
         }
     }
+}
+
+/// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), packed once at
+/// load for `x · Wᵀ`.
+pub(crate) enum PackedWeight {
+    F32(F32Panels),
+    Int8(Int8Panels),
 }
 
 impl PackedWeight {
