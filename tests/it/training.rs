@@ -390,7 +390,11 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
         let solved = integers(table("rollouts", step, "solve"), "policy_version");
         assert!(solved.iter().all(|&v| v == step), "step {step}: {solved:?}");
         // Each in its own precision, recorded with what it wrote.
-        let precisions = |name: &str, writer: &str| strings(table(name, step, writer), "precision");
+        let precisions = |name: &str, writer: &str| {
+            let precisions = strings(table(name, step, writer), "precision");
+            assert!(!precisions.is_empty(), "step {step}: no {name}");
+            precisions
+        };
         assert!(precisions("proposals", "propose").iter().all(|p| p == "int8"), "step {step}");
         assert!(precisions("rollouts", "solve").iter().all(|p| p == "f32"), "step {step}");
     }
