@@ -26,6 +26,8 @@ parser.add_argument("--labels", default=None, help="comma-separated names of the
 parser.add_argument("--frozen-stage", default="warm_start_eval", help="the evaluation of the policy before RL")
 parser.add_argument("--frozen-run", default=None,
                     help="take the frozen evaluation from this run when a run has none (RL started from its export)")
+parser.add_argument("--benchmark", default="unseen_world",
+                    help="the benchmark reported, where an evaluation ran several (e.g. a validation set of the training world)")
 args = parser.parse_args()
 DRAWS = 2000
 HOPS = [("1", {1}), ("2", {2}), ("3-4", {3, 4}), ("all", {0, 1, 2, 3, 4})]
@@ -61,6 +63,7 @@ def evaluations(run):
     evals = reader(run)(
         "evals",
         "step, regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS stage, question_id, hops, em, policy_version",
+        f"WHERE benchmark = '{args.benchmark}'",
     ).fetchall()
     by_eval = {}
     for step, stage, qid, hops, em, version in evals:
