@@ -14,6 +14,7 @@ question (paired bootstrap), and --compare-plot draws their curves side by side.
 Needs `pip install duckdb matplotlib`.
 """
 import argparse
+import os
 import random
 
 import duckdb
@@ -110,6 +111,9 @@ def report(run):
                 mean, low, high = paired(pairs)
                 print(f"  {name:>4} hops: {mean:+6.1f} points  95% [{low:+.1f}, {high:+.1f}]  (n = {len(pairs)})")
 
+    if not os.path.isdir(f"{run}/tables/proposals"):
+        print("no self-play steps: a warm start alone\n")
+        return by_eval, curve
     metrics = {}
     for step, stage, metric, value in table("step_metrics", "step, stage, metric, value").fetchall():
         metrics.setdefault((stage, metric), {})[step] = value

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The learning experiment of the README ("Learning on a CPU", the seventh arm): a warm start
+# that leaves one-hop questions at the solver's frontier, then RL of the solver alone from it,
+# with greedy exact match on a world never trained on, measured before RL and every 5 steps.
+#
+#   benches/learn.sh                       # about 90 min on 2 cores
+#   LIMIT=8 VAL=10 EVAL_LIMIT=10 STEPS=1 EVERY=1 benches/learn.sh   # a smoke run of the recipe
+#
+# 1. Warm start: specs/learn.yaml's `warmup` on LIMIT demonstrations (default 200) of one and
+#    two hops, the training world's last VAL questions (default 200) held out of it and
+#    evaluated (`train_val`) beside the unseen world (`unseen_world`, EVAL_LIMIT questions,
+#    default 300). Choose the warm start on `train_val`, never on the unseen world.
+# 2. Export of the warm start; RL starts from it, so its KL is anchored to the warm start and
+#    not to SmolLM2 as published.
+# 3. RL for STEPS steps (default 10, evaluated every EVERY steps, default 5): 8 rollouts a
+#    question at temperature 1.0, lr 2e-5, the solver trained alone (the proposer keeps the warm
+#    start's weights), both served in int8 (the trainer stays F32), and invalid proposals
+#    replaced by training-world questions of one and two hops (the depths the warm start was
+#    shown; the held-out tail excluded).
+# 4. benches/learn_report.py: per-hop curves, paired bootstrap against the frozen warm start.
+#
+# Writes runs under $STORE (default runs-learn) and the picture to $STORE/learn.png.
+# Needs `pip install duckdb matplotlib`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sesa/target}"
+LIMIT="${LIMIT:-200}"
+VAL="${VAL:-200}"
+EVAL_LIMIT="${EVAL_LIMIT:-300}"
+STEPS="${STEPS:-10}"
+EVERY="${EVERY:-5}"
+STORE="${STORE:-runs-learn}"
+cargo build --locked --features mistralrs --bin sesa
+sesa="$CARGO_TARGET_DIR/debug/sesa"
+mkdir -p "$STORE"
+started=$(date +%s)
+clock() { echo "[$(( $(date +%s) - started )) s] $*"; }
+run_id() { grep -o "→ .*" "$1" | head -1 | cut -c5-; }
+unseen="{world: {dir: data/world, seed: 1, entities: 2000, questions: 500}, limit: $EVAL_LIMIT}"
+
+clock "warm start: $LIMIT demonstrations"
+"$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
+  --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
+  --set stages.warm_start_eval.benchmarks=null \
+  --set stages.warm_start_eval.benchmarks="{unseen_world: $unseen, train_val: {questions: data/world-train/questions.jsonl, last: $VAL}}" \
+  --set stages.propose=null --set stages.verify=null --set stages.solve=null \
+  --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
+  || { tail -20 "$STORE/warm.log"; exit 1; }
+warm_run=$(run_id "$STORE/warm.log")
+python3 benches/learn_report.py "$warm_run" --benchmark train_val
+
+clock "export"
+"$sesa" model export "$warm_run" --version 1 --out "$STORE/warm"
+total=$(wc -l <data/world-train/questions.jsonl)
+head -n "$(( total - VAL ))" data/world-train/questions.jsonl \
+  | python3 -c 'import json, sys; sys.stdout.writelines(l for l in sys.stdin if json.loads(l)["hops"] <= 2)' \
+  >"$STORE/substitutes.jsonl"
+
+clock "RL: $STEPS steps"
+"$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" \
+  --set model.model="$STORE/warm" --set model.dtype=int8 \
+  --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
+  --set stages.eval.schedule="{every: $EVERY}" \
+  --set stages.eval.benchmarks=null --set stages.eval.benchmarks="{unseen_world: $unseen}" \
+  --set stages.solve.n_rollouts=8 --set agent.sampling.temperature=1.0 \
+  --set stages.update.optimizer.lr=2.0e-5 --set 'stages.update.roles=[solver]' \
+  --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" >"$STORE/rl.log" 2>&1 \
+  || { tail -20 "$STORE/rl.log"; exit 1; }
+rl_run=$(run_id "$STORE/rl.log")
+
+clock "report"
+python3 benches/learn_report.py "$rl_run" --frozen-run "$warm_run" --plot "$STORE/learn.png"
+clock "done: $warm_run, $rl_run"
