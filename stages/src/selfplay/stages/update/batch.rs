@@ -71,6 +71,14 @@ pub(super) struct RoleBatch {
     pub groups_without_signal: usize,
 }
 
+/// Whether the batches hold trajectories but none with token ids, which in-process training
+/// needs. Batches without any trajectory (every group of the step skipped for lack of signal)
+/// are not: their update trains nothing and says so in `updates`.
+pub(super) fn lack_token_ids(batches: &[RoleBatch]) -> bool {
+    let mut samples = batches.iter().flat_map(|b| &b.samples).peekable();
+    samples.peek().is_some() && samples.all(|s| !s.has_ids())
+}
+
 /// The trajectories of a table, with reward and advantage to fill: a `rollouts` or
 /// `proposals` table (`token_ids`, `logprobs`) or an external trainer's batch (`response_ids`,
 /// `old_logprobs`).

@@ -158,7 +158,7 @@ pub(super) fn update_role(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selfplay::stages::update::batch::Sample;
+    use crate::selfplay::stages::update::batch::{Sample, lack_token_ids};
     use crate::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
     use crate::weights::testing::{random, tiny_shape};
 
@@ -276,5 +276,26 @@ mod tests {
         assert_eq!(rows[0].optimizer_step, 0, "no optimizer step");
         assert_eq!(state.trainer.model.weights, before);
         assert_eq!(state.trainer.adam.step, 0);
+    }
+
+    #[test]
+    fn a_step_whose_groups_all_lacked_signal_trains_nothing_and_is_no_error() {
+        let mut silent = batch(&[]);
+        silent.groups = 12;
+        silent.groups_without_signal = 12;
+        assert!(!lack_token_ids(std::slice::from_ref(&silent)), "nothing to train is not a missing-ids error");
+        let mut state = state();
+        let before = state.trainer.model.weights.clone();
+        let config = config(1, None);
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let rows = update_role(&mut state, &silent, &plan).unwrap();
+        assert_eq!((rows.len(), rows[0].sequences, rows[0].groups_without_signal), (1, 0, 12));
+        assert_eq!(state.trainer.model.weights, before);
+
+        // Trajectories without token ids (an inexact backend) are the error.
+        let mut no_ids = batch(&[1.0, -1.0]);
+        no_ids.samples.iter_mut().for_each(|s| s.prompt_ids.clear());
+        assert!(lack_token_ids(&[no_ids]));
+        assert!(!lack_token_ids(&[batch(&[1.0, -1.0])]));
     }
 }

@@ -24,7 +24,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use self::batch::{RoleBatch, proposer_batch, solver_batch};
+use self::batch::{RoleBatch, lack_token_ids, proposer_batch, solver_batch};
 use self::external::{CONTRACT_VERSION, CONTRACT_VERSION_APART, ExternalTrainer, Manifest};
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
 use self::in_process::{Plan, optimizer_steps, update_role};
@@ -380,7 +380,7 @@ impl Update {
                 return Err(e);
             }
         };
-        if batches.iter().all(|b| b.samples.iter().all(|s| !s.has_ids())) {
+        if lack_token_ids(&batches) {
             put_back(states).await;
             return Err(failed(
                 "update",
