@@ -36,13 +36,12 @@ mkdir -p "$STORE"
 started=$(date +%s)
 clock() { echo "[$(( $(date +%s) - started )) s] $*"; }
 run_id() { grep -o "→ .*" "$1" | head -1 | cut -c5-; }
-unseen="{world: {dir: data/world, seed: 1, entities: 2000, questions: 500}, limit: $EVAL_LIMIT}"
 
 clock "warm start: $LIMIT demonstrations"
 "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
   --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
-  --set stages.warm_start_eval.benchmarks=null \
-  --set stages.warm_start_eval.benchmarks="{unseen_world: $unseen, train_val: {questions: data/world-train/questions.jsonl, last: $VAL}}" \
+  --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
+  --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
   --set stages.propose=null --set stages.verify=null --set stages.solve=null \
   --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
   || { tail -20 "$STORE/warm.log"; exit 1; }
@@ -61,7 +60,7 @@ clock "RL: $STEPS steps"
   --set model.model="$STORE/warm" --set model.dtype=int8 \
   --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
   --set stages.eval.schedule="{every: $EVERY}" \
-  --set stages.eval.benchmarks=null --set stages.eval.benchmarks="{unseen_world: $unseen}" \
+  --set stages.eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
   --set stages.solve.n_rollouts=8 --set agent.sampling.temperature=1.0 \
   --set stages.update.optimizer.lr=2.0e-5 --set 'stages.update.roles=[solver]' \
   --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" >"$STORE/rl.log" 2>&1 \
