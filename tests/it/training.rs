@@ -13,7 +13,7 @@ use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::policy::ModelFiles;
 use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
-use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_script, sesa_with, spawn_sesa_with, write};
+use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_script, sesa_with, spawn_sesa_with, stdout, write};
 
 /// A two-block llama of width 16 over SmolLM2's vocabulary, random weights drawn from `seed`.
 fn tiny_model(out: &Path, seed: u64) {
@@ -502,4 +502,38 @@ fn ask_generates_the_world_and_index_a_fresh_clone_lacks() {
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(printed.contains("Where was the founder of Minyny Institute born?"), "{printed}");
     assert!(printed.contains("turns,") && printed.contains("searches,"), "{printed}");
+}
+
+/// The kernels give the same bits with and without their vector code: `sesa ask` with int8
+/// weights samples the same trajectory with `SESA_KERNELS=portable` as at the CPU's best (each
+/// sampled token depends on every logit's bits).
+#[test]
+fn every_kernel_instruction_set_samples_the_same_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(&dir.path().join("tiny"), 11);
+    let spec = spec(dir.path());
+    let ask = |kernels: &str| {
+        let output = sesa_with(
+            ChildRegistry::Stages,
+            &[
+                "ask",
+                "Where was the founder of Minyny Institute born?",
+                "--spec",
+                spec.to_str().unwrap(),
+                "--set",
+                "model.dtype=int8",
+                "--set",
+                "agent={max_turns: 3, max_turn_tokens: 40, max_total_tokens: 120, context_limit: 1024, sampling: {temperature: 1.0}}",
+            ],
+            dir.path(),
+        )
+        .env("SESA_KERNELS", kernels)
+        .output()
+        .expect("the child process starts");
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        stdout(&output)
+    };
+    let best = ask("");
+    assert!(best.contains("turns,"), "{best}");
+    assert_eq!(ask("portable"), best, "SESA_KERNELS=portable");
 }

@@ -14,7 +14,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::store_tile;
-use super::{LANES, Tile, TileKernel, tiles};
+use rayon::prelude::*;
+
+use super::{Isa, LANES, Tile, TileKernel, tiles};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -131,17 +133,23 @@ struct Panel<'a> {
 }
 
 impl QuantizedRows {
+    /// Rows in parallel: the product's threads would otherwise wait on this one.
     fn new(x: &[f32], inputs: usize, blocks: usize) -> QuantizedRows {
         let rows = x.len() / inputs;
         let mut values = vec![0i16; rows * blocks * BLOCK];
-        let mut scales = Vec::with_capacity(rows * blocks);
-        for (row, quantized) in x.chunks_exact(inputs).zip(values.chunks_exact_mut(blocks * BLOCK)) {
-            for (block, quantized) in row.chunks(BLOCK).zip(quantized.chunks_exact_mut(BLOCK)) {
-                let (scale, inverse) = scale(block, ACTIVATION_LEVELS);
-                scales.push(scale);
-                quantized.iter_mut().zip(block).for_each(|(q, v)| *q = (v * inverse).round() as i16);
-            }
-        }
+        let mut scales = vec![0.0f32; rows * blocks];
+        x.par_chunks_exact(inputs)
+            .zip(values.par_chunks_exact_mut(blocks * BLOCK))
+            .zip(scales.par_chunks_exact_mut(blocks))
+            .for_each(|((row, quantized), scales)| {
+                for ((block, quantized), row_scale) in
+                    row.chunks(BLOCK).zip(quantized.chunks_exact_mut(BLOCK)).zip(scales)
+                {
+                    let (scale, inverse) = scale(block, ACTIVATION_LEVELS);
+                    *row_scale = scale;
+                    quantized.iter_mut().zip(block).for_each(|(q, v)| *q = (v * inverse).round() as i16);
+                }
+            });
         QuantizedRows { values, scales, blocks }
     }
 
@@ -160,7 +168,7 @@ impl QuantizedRows {
 #[inline(always)]
 fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if Isa::chosen() >= Isa::Avx2 {
         // SAFETY: the CPU has the features the function is compiled for.
         return unsafe { product_avx2::<R>(x, panel, sums) };
     }

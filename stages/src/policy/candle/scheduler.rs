@@ -177,15 +177,19 @@ impl Inner {
     /// many stopped at a stop string.
     fn advance(&self, model: &LlamaModel, running: &mut Vec<Sequence>, sessions: &mut Sessions) -> usize {
         // A failing forward pass, or a bug that panics, fails the requests of this step; the
-        // scheduler lives on for the next calls.
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(model, running)))
-            .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned());
-                Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
-            });
+        // scheduler lives on for the next calls. The step runs on one of rayon's threads: its
+        // many short parallel loops (several a layer) are then shared with the other workers,
+        // rather than each handed to the pool from outside while this thread sleeps until it
+        // ends.
+        let stepped =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rayon::scope(|_| self.step(model, running))))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned());
+                    Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
+                });
         if let Err(message) = stepped {
             for sequence in running.drain(..) {
                 let _ = sequence.reply.send(Err(self.error(&message)));
