@@ -30,7 +30,7 @@ const MIN_PANELS: usize = 8;
 /// The vector instructions the kernels use, from the fewest: each level includes the ones
 /// below it, and every level gives the same bits (each vector kernel has a portable twin).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Isa {
+enum Isa {
     Portable,
     /// AVX2 and FMA.
     Avx2,
@@ -42,7 +42,7 @@ const ISA_VARIABLE: &str = "SESA_KERNELS";
 
 impl Isa {
     /// The highest level this CPU has.
-    pub(crate) fn detected() -> Isa {
+    fn detected() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
@@ -55,7 +55,7 @@ impl Isa {
 
     /// The level the kernels use: the CPU's, or a lower one named by `SESA_KERNELS`
     /// (`portable` or `avx2`), decided once per process.
-    pub(crate) fn chosen() -> Isa {
+    fn chosen() -> Isa {
         static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let detected = Isa::detected();
