@@ -2,7 +2,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::store_tile;
-use super::{Isa, LANES, Tile, TileKernel, tiles};
+use super::{LANES, Tile, TileKernel, tiles, use_avx2};
 
 /// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), laid out once at
 /// load for `x · Wᵀ`: panels of [`LANES`] output columns, each `inputs × LANES` with the
@@ -69,7 +69,7 @@ impl TileKernel for F32Rows<'_> {
 #[inline(always)]
 fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::chosen() >= Isa::Avx2 {
+    if use_avx2() {
         // SAFETY: the CPU has the features the function is compiled for.
         return unsafe { product_avx2::<R>(x, panel, sums) };
     }

@@ -16,7 +16,7 @@
 use super::store_tile;
 use rayon::prelude::*;
 
-use super::{Isa, LANES, Tile, TileKernel, tiles};
+use super::{LANES, Tile, TileKernel, tiles, use_avx2};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -168,7 +168,7 @@ impl QuantizedRows {
 #[inline(always)]
 fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::chosen() >= Isa::Avx2 {
+    if use_avx2() {
         // SAFETY: the CPU has the features the function is compiled for.
         return unsafe { product_avx2::<R>(x, panel, sums) };
     }

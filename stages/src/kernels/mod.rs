@@ -27,56 +27,25 @@ const ROW_BLOCK: usize = 96;
 /// Panels per parallel part, at least: smaller parts cost more in scheduling than they gain.
 const MIN_PANELS: usize = 8;
 
-/// The vector instructions the kernels use, from the fewest: each level includes the ones
-/// below it, and every level gives the same bits (each vector kernel has a portable twin).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Isa {
-    Portable,
-    /// AVX2 and FMA.
-    Avx2,
-}
-
-/// The variable that lowers the kernels' [`Isa`] below the CPU's, to measure one level against
-/// another (or to check end to end that they give the same results).
-const ISA_VARIABLE: &str = "SESA_KERNELS";
-
-impl Isa {
-    /// The highest level this CPU has.
-    fn detected() -> Isa {
+/// Whether the kernels run their AVX2 versions: where the CPU has AVX2 and FMA, unless
+/// `SESA_KERNELS=portable` holds them to their portable twins (the same bits), to measure the
+/// vector code or check end to end that results do not depend on it. Decided once per process.
+fn use_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                return Isa::Avx2;
+        let detected = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let detected = false;
+        match std::env::var("SESA_KERNELS").unwrap_or_default().as_str() {
+            "" => detected,
+            "portable" => false,
+            other => {
+                tracing::warn!("SESA_KERNELS={other:?} is not `portable`: the kernels use what the CPU has");
+                detected
             }
         }
-        Isa::Portable
-    }
-
-    /// The level the kernels use: the CPU's, or a lower one named by `SESA_KERNELS`
-    /// (`portable` or `avx2`), decided once per process.
-    fn chosen() -> Isa {
-        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            let detected = Isa::detected();
-            let asked = std::env::var(ISA_VARIABLE).unwrap_or_default();
-            if asked.is_empty() {
-                return detected;
-            }
-            let level = match asked.as_str() {
-                "portable" => Isa::Portable,
-                "avx2" => Isa::Avx2,
-                _ => {
-                    tracing::warn!("{ISA_VARIABLE}={asked:?} is neither portable nor avx2: using {detected:?}");
-                    return detected;
-                }
-            };
-            if level > detected {
-                tracing::warn!("{ISA_VARIABLE}={asked}: this CPU has only {detected:?}");
-            }
-            level.min(detected)
-        })
-    }
+    })
 }
 
 /// How a model's weight matrices are stored and multiplied.
@@ -337,7 +306,7 @@ pub(crate) fn attend(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut
 /// CPU has it and the width is whole blocks of 16.
 fn weigh_values(weights: &[f32], heads: usize, head: KvHead<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if head.width.is_multiple_of(16) && Isa::chosen() >= Isa::Avx2 {
+    if head.width.is_multiple_of(16) && use_avx2() {
         let mut first = 0;
         while first < heads {
             let group = (heads - first).min(4);
