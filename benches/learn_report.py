@@ -1,6 +1,7 @@
 """Report of a learning run (`sesa run specs/learn.yaml`): greedy held-out exact match after the
 warm start (the frozen policy) and at every evaluation after RL, per hop count, with bootstrap
-95 % intervals; the paired difference RL − frozen on the same questions; the proposer's
+95 % intervals; paired differences on the same questions, of each evaluation of the last step
+against the frozen policy and against each other (memory on − memory off); the proposer's
 valid-question rate, the searches behind its questions and mean p̂ per step; and where the time
 of a step goes.
 
@@ -47,6 +48,21 @@ def paired(pairs, seed=1):
     n = len(pairs)
     means = sorted(sum(rng.choice(pairs) for _ in range(n)) / n for _ in range(DRAWS))
     return sum(pairs) / n * 100, means[int(0.025 * DRAWS)] * 100, means[int(0.975 * DRAWS) - 1] * 100
+
+
+def differences(later, earlier):
+    """Per hop count: (name, mean, low, high, n) of later − earlier over the questions both answered."""
+    rows = []
+    for name, hops in HOPS:
+        pairs = [later[q][1] - earlier[q][1] for q in earlier if q in later and earlier[q][0] in hops]
+        if pairs:
+            rows.append((name, *paired(pairs), len(pairs)))
+    return rows
+
+
+def print_differences(later, earlier):
+    for name, mean, low, high, n in differences(later, earlier):
+        print(f"  {name:>4} hops: {mean:+6.1f} points  95% [{low:+.1f}, {high:+.1f}]  (n = {n})")
 
 
 def reader(run):
@@ -100,16 +116,17 @@ def report(run):
         curve.append(row)
         print(f"{step:>4} {stage:<16} {version:>6} " + " ".join(cells))
 
-    # The paired difference between the last evaluation and the frozen policy, question by question.
-    last_key = max((k for k in by_eval if k[1] != args.frozen_stage), default=None)
-    if frozen and last_key:
-        print(f"\nRL (step {last_key[0]}, policy {last_key[2]}) minus frozen warm start, same questions, paired bootstrap:")
-        last = by_eval[last_key]
-        for name, hops in HOPS:
-            pairs = [(last[q][1] - frozen[q][1]) for q in frozen if q in last and frozen[q][0] in hops]
-            if pairs:
-                mean, low, high = paired(pairs)
-                print(f"  {name:>4} hops: {mean:+6.1f} points  95% [{low:+.1f}, {high:+.1f}]  (n = {len(pairs)})")
+    # The last step's evaluations question by question: each against the frozen policy, and
+    # against each other (memory on minus memory off).
+    last_step = max((k[0] for k in by_eval if k[1] != args.frozen_stage), default=None)
+    last_keys = sorted(k for k in by_eval if k[0] == last_step and k[1] != args.frozen_stage)
+    for key in last_keys if frozen else []:
+        print(f"\n{key[1]} (step {key[0]}, policy {key[2]}) minus frozen {frozen_key[1]}, same questions, paired bootstrap:")
+        print_differences(by_eval[key], frozen)
+    for i, earlier in enumerate(last_keys):
+        for later in last_keys[i + 1:]:
+            print(f"\n{later[1]} minus {earlier[1]} (step {last_step}), same questions, paired bootstrap:")
+            print_differences(by_eval[later], by_eval[earlier])
 
     if not os.path.isdir(f"{run}/tables/proposals"):
         print("no self-play steps: a warm start alone\n")
@@ -205,12 +222,8 @@ if len(args.runs) > 1:
             a, b = reports[first][0], reports[second][0]
             for key_a in sorted(a):
                 for key_b in sorted(k for k in b if k[0] == key_a[0]):
-                    cells = []
-                    for name, hops in HOPS:
-                        pairs = [b[key_b][q][1] - a[key_a][q][1] for q in a[key_a] if q in b[key_b] and a[key_a][q][0] in hops]
-                        if pairs:
-                            mean, low, high = paired(pairs)
-                            cells.append(f"{name} {mean:+.1f} [{low:+.1f}, {high:+.1f}]")
+                    cells = [f"{name} {mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+                             for name, mean, low, high, _ in differences(b[key_b], a[key_a])]
                     print(f"  step {key_a[0]:>2}: {second.rstrip('/').split('/')[-1]} {key_b[1]} − "
                           f"{first.rstrip('/').split('/')[-1]} {key_a[1]}: " + "; ".join(cells))
 
