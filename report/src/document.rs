@@ -291,12 +291,14 @@ impl Report {
         section
     }
 
-    /// One line per run that trains (its name, and its id's tail where names repeat).
+    /// One line per run that trains (its name, and its id's tail where names repeat), numbered by
+    /// the run's place among them whether or not it has points here.
     fn lines(&self, points: impl Fn(&RunData) -> Vec<(u64, f64)>) -> Vec<Line> {
         self.runs
             .iter()
             .filter(|run| !run.evaluation_only)
-            .filter_map(|run| {
+            .enumerate()
+            .filter_map(|(series, run)| {
                 let points = points(run);
                 if points.is_empty() {
                     return None;
@@ -309,7 +311,7 @@ impl Report {
                 } else {
                     run.manifest.name.clone()
                 };
-                Some(Line { label, points })
+                Some(Line { label, series, points })
             })
             .collect()
     }

@@ -15,6 +15,9 @@ const SIZE: (u32, u32) = (720, 420);
 pub struct Line {
     /// The legend's text.
     pub label: String,
+    /// The run's place among the report's runs: it picks the colour, so that a run keeps its
+    /// colour in a chart where another run has no line.
+    pub series: usize,
     /// (step, value) points, by step.
     pub points: Vec<(u64, f64)>,
 }
@@ -91,8 +94,8 @@ where
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(|e| error(&e))?;
-    for (i, line) in chart.lines.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+    for line in &chart.lines {
+        let color = COLORS[line.series % COLORS.len()];
         plot.draw_series(LineSeries::new(line.points.iter().copied(), color.stroke_width(2)).point_size(3))
             .map_err(|e| error(&e))?
             .label(line.label.as_str())
@@ -127,4 +130,28 @@ pub fn render(chart: &Chart) -> Result<Rendered, ReportError> {
     writer.write_image_data(&pixels).map_err(|e| failed(e.to_string()))?;
     writer.finish().map_err(|e| failed(e.to_string()))?;
     Ok(Rendered { svg, png: png_bytes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(color: RGBColor) -> String {
+        format!("#{:02X}{:02X}{:02X}", color.0, color.1, color.2)
+    }
+
+    /// A run keeps its colour in a chart where the runs before it have no line (the bank's
+    /// chart has no line for `ssp`, the first run).
+    #[test]
+    fn a_line_takes_the_colour_of_its_run_not_of_its_place_in_the_chart() {
+        let chart = Chart {
+            name: "active_skills",
+            title: "skills".into(),
+            y_label: "skills".into(),
+            lines: vec![Line { label: "sesa".into(), series: 1, points: vec![(1, 16.0), (2, 18.0)] }],
+        };
+        let svg = render(&chart).unwrap().svg.to_uppercase();
+        assert!(svg.contains(&hex(COLORS[1])), "the second run's colour is missing");
+        assert!(!svg.contains(&hex(COLORS[0])), "the first run's colour drew another run's line");
+    }
 }
