@@ -207,7 +207,9 @@ impl TemplateSource {
         }
     }
 
-    /// The model's template, or ChatML with a warning that names `model`.
+    /// The model's template, or ChatML with a warning that names `model`. Only the mistral.rs
+    /// backend asks for it, so the default build would otherwise warn that it is unused.
+    #[cfg(feature = "mistralrs")]
     pub fn format_or_chatml(&self, model: &str) -> ChatFormat {
         ChatFormat::from_model(model, self.source.as_deref(), &self.bos_token, &self.eos_token)
     }
