@@ -120,9 +120,10 @@ def report(run):
     # against each other (memory on minus memory off).
     last_step = max((k[0] for k in by_eval if k[1] != args.frozen_stage), default=None)
     last_keys = sorted(k for k in by_eval if k[0] == last_step and k[1] != args.frozen_stage)
-    for key in last_keys if frozen else []:
-        print(f"\n{key[1]} (step {key[0]}, policy {key[2]}) minus frozen {frozen_key[1]}, same questions, paired bootstrap:")
-        print_differences(by_eval[key], frozen)
+    if frozen:
+        for key in last_keys:
+            print(f"\n{key[1]} (step {key[0]}, policy {key[2]}) minus frozen {frozen_key[1]}, same questions, paired bootstrap:")
+            print_differences(by_eval[key], frozen)
     for i, earlier in enumerate(last_keys):
         for later in last_keys[i + 1:]:
             print(f"\n{later[1]} minus {earlier[1]} (step {last_step}), same questions, paired bootstrap:")
