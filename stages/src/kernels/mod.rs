@@ -7,6 +7,7 @@
 //! multiplied tile by tile through one driver, [`tiles`], which owns the threading and the
 //! order of the output writes.
 
+mod exp;
 mod f32_panels;
 mod int8_panels;
 
@@ -14,6 +15,7 @@ use rayon::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub(crate) use self::exp::{exp, exp_in_place};
 use self::f32_panels::F32Panels;
 use self::int8_panels::Int8Panels;
 
@@ -255,6 +257,18 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// The sum of `values` in eight independent lanes, as [`dot`]: the order is fixed by the
+/// length alone.
+pub(crate) fn sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = values.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        lanes.iter_mut().zip(chunk).for_each(|(lane, v)| *lane += v);
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// `target += other`, element by element.
 pub(crate) fn add_assign(target: &mut [f32], other: &[f32]) {
     target.iter_mut().zip(other).for_each(|(t, o)| *t += o);
@@ -291,11 +305,11 @@ pub(crate) fn attend(queries: &[f32], head: KvHead<'_>, scale: f32, scores: &mut
     }
     for h in 0..heads {
         let max = scores.iter().skip(h).step_by(heads).fold(f32::NEG_INFINITY, |max, score| max.max(*score));
-        let mut total = 0.0;
-        for weight in scores.iter_mut().skip(h).step_by(heads) {
-            *weight = (*weight - max).exp();
-            total += *weight;
-        }
+        scores.iter_mut().skip(h).step_by(heads).for_each(|score| *score -= max);
+    }
+    exp_in_place(scores);
+    for h in 0..heads {
+        let total: f32 = scores.iter().skip(h).step_by(heads).sum();
         scores.iter_mut().skip(h).step_by(heads).for_each(|weight| *weight /= total);
     }
     weigh_values(scores, heads, head, out);

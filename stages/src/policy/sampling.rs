@@ -6,6 +6,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::Sampling;
+use crate::kernels::{exp, exp_in_place, sum};
 
 /// Tokens this far below the most likely one in scaled logits (probability ratio e⁻³⁰ ≈ 1e-13)
 /// cannot change an f32 nucleus: they are left out before sorting, which keeps sorting cheap.
@@ -15,19 +16,22 @@ const NEGLIGIBLE: f32 = 30.0;
 pub(crate) fn sample(logits: &[f32], sampling: Sampling, rng: &mut ChaCha8Rng) -> (u32, f32) {
     let temperature = if sampling.temperature > 0.0 { sampling.temperature } else { 1.0 };
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let scaled = |i: usize| (logits[i] - max) / temperature;
-    let log_sum = (0..logits.len()).map(|i| scaled(i).exp()).sum::<f32>().ln();
+    let scaled: Vec<f32> = logits.iter().map(|logit| (logit - max) / temperature).collect();
+    // The normaliser over the whole vocabulary: the exponentials of a row at once.
+    let mut weights = scaled.clone();
+    exp_in_place(&mut weights);
+    let log_sum = sum(&weights).ln();
     if sampling.temperature <= 0.0 {
         let best = (0..logits.len()).max_by(|a, b| logits[*a].total_cmp(&logits[*b])).unwrap_or(0);
-        return (best as u32, scaled(best) - log_sum);
+        return (best as u32, scaled[best] - log_sum);
     }
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| scaled(i) > -NEGLIGIBLE).collect();
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| scaled[i] > -NEGLIGIBLE).collect();
     order.sort_unstable_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
     let mut kept = 0;
     let mut mass = 0.0f32;
     for &index in &order {
         kept += 1;
-        mass += (scaled(index) - log_sum).exp();
+        mass += exp(scaled[index] - log_sum);
         if mass >= sampling.top_p {
             break;
         }
@@ -35,13 +39,13 @@ pub(crate) fn sample(logits: &[f32], sampling: Sampling, rng: &mut ChaCha8Rng) -
     let mut draw = rng.random::<f32>() * mass;
     let mut chosen = order[kept - 1];
     for &index in &order[..kept] {
-        draw -= (scaled(index) - log_sum).exp();
+        draw -= exp(scaled[index] - log_sum);
         if draw <= 0.0 {
             chosen = index;
             break;
         }
     }
-    (chosen as u32, scaled(chosen) - log_sum)
+    (chosen as u32, scaled[chosen] - log_sum)
 }
 
 #[cfg(test)]

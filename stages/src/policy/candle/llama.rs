@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::{Dense, KvHead, PackedWeight, Precision, add_assign, attend};
+use crate::kernels::{Dense, KvHead, PackedWeight, Precision, add_assign, attend, exp_in_place};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 struct Block {
@@ -220,11 +220,13 @@ impl LlamaModel {
             gate_up.resize(n * 2 * ffn, 0.0);
             block.gate_up.forward(&normed, n, &mut gate_up, threads);
             activated.resize(n * ffn, 0.0);
-            // SiLU(gate) · up, rows in parallel (one exp per element).
+            // SiLU(gate) · up, rows in parallel (one exp per element, a row's at once).
             activated.par_chunks_mut(ffn).zip(gate_up.par_chunks(2 * ffn)).for_each(|(out, row)| {
                 let (gate, up) = row.split_at(ffn);
+                out.iter_mut().zip(gate).for_each(|(o, g)| *o = -g);
+                exp_in_place(out);
                 for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-                    *o = g / (1.0 + (-g).exp()) * u;
+                    *o = g / (1.0 + *o) * u;
                 }
             });
             block.down.forward(&activated, n, &mut residual, threads);
