@@ -257,18 +257,6 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The sum of `values` in eight independent lanes, as [`dot`]: the order is fixed by the
-/// length alone.
-pub(crate) fn sum(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let chunks = values.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for chunk in chunks {
-        lanes.iter_mut().zip(chunk).for_each(|(lane, v)| *lane += v);
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
 /// `target += other`, element by element.
 pub(crate) fn add_assign(target: &mut [f32], other: &[f32]) {
     target.iter_mut().zip(other).for_each(|(t, o)| *t += o);
