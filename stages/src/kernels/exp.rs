@@ -48,16 +48,16 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 /// Replaces every value by its [`exp`].
 pub(crate) fn exp_in_place(values: &mut [f32]) {
+    // What the vector code leaves: the last `len % 8` values, or all of them.
+    let mut rest = values;
     #[cfg(target_arch = "x86_64")]
     if use_avx2() {
-        let whole = values.len() / 8 * 8;
-        let (vector, tail) = values.split_at_mut(whole);
+        let (vector, tail) = rest.split_at_mut(rest.len() / 8 * 8);
         // SAFETY: the CPU has AVX2 and FMA.
         unsafe { exp_avx2(vector) };
-        tail.iter_mut().for_each(|v| *v = exp(*v));
-        return;
+        rest = tail;
     }
-    values.iter_mut().for_each(|v| *v = exp(*v));
+    rest.iter_mut().for_each(|v| *v = exp(*v));
 }
 
 /// [`exp`] of each block of eight values (the length is a multiple of 8).

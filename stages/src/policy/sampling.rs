@@ -16,24 +16,24 @@ const NEGLIGIBLE: f32 = 30.0;
 pub(crate) fn sample(logits: &[f32], sampling: Sampling, rng: &mut ChaCha8Rng) -> (u32, f32) {
     let temperature = if sampling.temperature > 0.0 { sampling.temperature } else { 1.0 };
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let scaled: Vec<f32> = logits.iter().map(|logit| (logit - max) / temperature).collect();
+    let scaled = |i: usize| (logits[i] - max) / temperature;
     // The normaliser over the whole vocabulary: the exponentials of a row at once, added in
     // order as the trainer adds them (summed in lanes instead, the two log-probabilities of a
     // token drifted apart tenfold, to 1.2e-4).
-    let mut weights = scaled.clone();
+    let mut weights: Vec<f32> = (0..logits.len()).map(scaled).collect();
     exp_in_place(&mut weights);
     let log_sum = weights.iter().sum::<f32>().ln();
     if sampling.temperature <= 0.0 {
         let best = (0..logits.len()).max_by(|a, b| logits[*a].total_cmp(&logits[*b])).unwrap_or(0);
-        return (best as u32, scaled[best] - log_sum);
+        return (best as u32, scaled(best) - log_sum);
     }
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| scaled[i] > -NEGLIGIBLE).collect();
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| scaled(i) > -NEGLIGIBLE).collect();
     order.sort_unstable_by(|a, b| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b)));
     let mut kept = 0;
     let mut mass = 0.0f32;
     for &index in &order {
         kept += 1;
-        mass += exp(scaled[index] - log_sum);
+        mass += exp(scaled(index) - log_sum);
         if mass >= sampling.top_p {
             break;
         }
@@ -41,13 +41,13 @@ pub(crate) fn sample(logits: &[f32], sampling: Sampling, rng: &mut ChaCha8Rng) -
     let mut draw = rng.random::<f32>() * mass;
     let mut chosen = order[kept - 1];
     for &index in &order[..kept] {
-        draw -= exp(scaled[index] - log_sum);
+        draw -= exp(scaled(index) - log_sum);
         if draw <= 0.0 {
             chosen = index;
             break;
         }
     }
-    (chosen as u32, scaled[chosen] - log_sum)
+    (chosen as u32, scaled(chosen) - log_sum)
 }
 
 #[cfg(test)]
