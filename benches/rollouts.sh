@@ -6,7 +6,8 @@
 #      as plain requests (no search, no parsing) on a fresh copy of the policy;
 #   3. raw generation of exactly the same number of generated tokens from the same prompts (no
 #      tool results), same backend;
-#   all three with F32 weights, then with int8 weights (`--set model.dtype=int8`);
+#   all three with F32 weights, then with int8 weights (`--set model.dtype=int8`), then int8
+#   weights with an F16 KV cache (`--set model.kv_cache_dtype=f16`, as llama.cpp caches);
 #   4. llama.cpp on the same GGUF re-quantised to each of its types that run this model fast here
 #      (Q4_1 as published, Q8_0, F16, F32): `llama-batched-bench` with N parallel sequences.
 #
@@ -96,12 +97,13 @@ llama() {
 for round in $(seq 1 "$ROUNDS"); do
   sesa F32 "" --set model.dtype=f32
   sesa int8 "" --set model.dtype=int8
+  sesa "int8, F16 KV cache" "" --set model.dtype=int8 --set model.kv_cache_dtype=f16
   for kernels in "${KERNELS[@]}"; do sesa "int8 ($kernels)" "$kernels" --set model.dtype=int8; done
   for TYPE in Q4_1 Q8_0 F16 F32; do llama "$TYPE"; done
 done
 
 echo
-echo "tokens/s (sesa: raw generation; llama.cpp: S_PP and S_TG); ratios: sesa int8 over llama.cpp's fastest type of the round"
+echo "tokens/s (sesa: raw generation; llama.cpp: S_PP and S_TG); ratios: sesa int8 (either KV cache) over llama.cpp's fastest type of the round"
 awk -F'\t' '{ rows[NR] = $0; if ($2 ~ /^llama/) { if ($3 > pp[$1]) pp[$1] = $3; if ($4 > tg[$1]) tg[$1] = $4 } }
   END {
     printf "| round | configuration | prompt | decode | prompt / llama.cpp best | decode / llama.cpp best |\n|---|---|---:|---:|---:|---:|\n"

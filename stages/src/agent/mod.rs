@@ -21,7 +21,7 @@ pub use self::prompt::{
     VERIFIER_PROMPT,
 };
 pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
-use crate::policy::{FinishReason, GenerationRequest, Policy, PolicyError, Precision, Sampling};
+use crate::policy::{FinishReason, GenerationRequest, KvCacheDtype, Policy, PolicyError, Precision, Sampling};
 use crate::search::{Search, SearchError, format_results};
 
 /// Budgets of one episode.
@@ -118,6 +118,8 @@ pub struct Trajectory {
     pub policy_version: u64,
     /// The precision of those weights, where the spec chooses it (the `candle` backend).
     pub precision: Option<Precision>,
+    /// How the keys and values behind it were cached, where the spec chooses it.
+    pub kv_cache_dtype: Option<KvCacheDtype>,
 }
 
 impl Trajectory {
@@ -265,6 +267,7 @@ impl AgentRun<'_> {
             prompt_ids: prompt_ids.clone().unwrap_or_default(),
             policy_version: self.policy.version(),
             precision: self.policy.precision(),
+            kv_cache_dtype: self.policy.kv_cache_dtype(),
         };
         for turn in 0..self.limits.max_turns {
             let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));

@@ -36,7 +36,7 @@ use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
 use super::chat::TemplateSource;
 use super::{ChatFormat, ChatMessage, Generation, GenerationRequest, Policy, PolicyError};
-use crate::kernels::Precision;
+use crate::kernels::{KvCacheDtype, Precision};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 /// A local llama-family GGUF model served by sesa's batched forward pass.
@@ -46,7 +46,8 @@ pub struct CandleConfig {
     /// A GGUF file, or the name of a model `sesa model fetch` knows (e.g. `smollm2-135m-instruct`).
     pub model: String,
     /// Tokens of KV cache kept between calls for reuse (the least recently used sequences go
-    /// first). SmolLM2-135M needs 45 KiB per token: the default 32768 is about 1.5 GB.
+    /// first). SmolLM2-135M needs 45 KiB per token in F32 (half in F16): the default 32768 is
+    /// about 1.5 GB.
     #[serde(default = "default_cache_tokens")]
     pub cache_tokens: usize,
     /// The policy version these weights are (0: as published, untrained). `sesa eval` sets it
@@ -59,6 +60,11 @@ pub struct CandleConfig {
     /// same tokens whatever the batching. Trainers compute in F32 whatever this says.
     #[serde(default)]
     pub dtype: Precision,
+    /// How keys and values are cached: `f32` (the default, as computed) or `f16` (rounded to
+    /// nearest: half the cache's memory, and faster decoding where attention waits on memory;
+    /// log-probabilities slightly off F32's). Trainers compute in F32 whatever this says.
+    #[serde(default)]
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 fn default_cache_tokens() -> usize {
@@ -72,6 +78,8 @@ struct Inner {
     shape: LlamaShape,
     /// How weights are packed, new ones included.
     precision: Precision,
+    /// How keys and values are cached.
+    kv_cache_dtype: KvCacheDtype,
     /// Logits per position.
     vocabulary: usize,
     /// The version of the weights served (0 as loaded).
@@ -110,10 +118,11 @@ impl CandlePolicy {
         let files = ModelFiles::read(path).map_err(error)?;
         let chat = files.chat_format(&name);
         let ModelFiles { weights, tokenizer, stops, .. } = files;
-        let model = LlamaModel::new(&weights, config.dtype);
+        let model = LlamaModel::new(&weights, config.dtype, config.kv_cache_dtype);
         let inner = Arc::new(Inner {
             name: name.clone(),
             precision: config.dtype,
+            kv_cache_dtype: config.kv_cache_dtype,
             vocabulary: model.vocabulary(),
             shape: weights.shape,
             version: AtomicU64::new(config.policy_version),
@@ -339,6 +348,10 @@ impl Policy for CandlePolicy {
         Some(self.inner.precision)
     }
 
+    fn kv_cache_dtype(&self) -> Option<KvCacheDtype> {
+        Some(self.inner.kv_cache_dtype)
+    }
+
     fn reloaded(&self, version: u64, checkpoint: &Path) -> Result<(), PolicyError> {
         let files = ModelFiles::read(checkpoint).map_err(|e| self.inner.error(e))?;
         self.load_weights(&files.weights, version)
@@ -354,7 +367,10 @@ impl Policy for CandlePolicy {
         let (done, swapped) = std::sync::mpsc::channel();
         let stopped = || self.inner.error("the scheduler thread stopped (see the log for why)");
         self.submit
-            .send(Message::Replace(Box::new(LlamaModel::new(weights, self.inner.precision)), done))
+            .send(Message::Replace(
+                Box::new(LlamaModel::new(weights, self.inner.precision, self.inner.kv_cache_dtype)),
+                done,
+            ))
             .map_err(|_| stopped())?;
         swapped.recv().map_err(|_| stopped())?;
         self.inner.version.store(version, Ordering::SeqCst);

@@ -24,7 +24,7 @@ pub use self::mistralrs::MistralRsConfig;
 pub use self::mistralrs::MistralRsPolicy;
 pub use self::openai::{OpenAiConfig, OpenAiPolicy, ServerTemplate};
 pub use self::scripted::ScriptedPolicy;
-pub use crate::kernels::Precision;
+pub use crate::kernels::{KvCacheDtype, Precision};
 
 /// How to sample. `temperature == 0` means greedy.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -138,6 +138,11 @@ pub trait Policy: Send + Sync {
         None
     }
 
+    /// How keys and values are cached, where the spec chooses it (the `candle` backend).
+    fn kv_cache_dtype(&self) -> Option<KvCacheDtype> {
+        None
+    }
+
     /// Serves policy version `version`, an external trainer's checkpoint at `checkpoint`
     /// (blocking): a remote backend records that its servers reloaded it; the `candle` backend
     /// loads the checkpoint (a Hugging Face directory) itself.
@@ -182,6 +187,7 @@ pub(crate) mod testing {
             cache_tokens: 4096,
             policy_version: 0,
             dtype: Default::default(),
+            kv_cache_dtype: Default::default(),
         };
         CandlePolicy::load(&smollm2_gguf(), &config).unwrap()
     }

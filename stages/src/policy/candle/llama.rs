@@ -15,7 +15,9 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::{Dense, KvHead, PackedWeight, Precision, add_assign, attend, exp_in_place};
+use half::f16;
+
+use crate::kernels::{Dense, KvCacheDtype, KvHead, KvValue, PackedWeight, Precision, add_assign, attend, exp_in_place};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 struct Block {
@@ -37,6 +39,8 @@ pub(crate) struct LlamaModel {
     /// The output projection to the vocabulary (a packed copy of the embedding when they are
     /// tied: lookups need rows, the projection needs panels).
     output: PackedWeight,
+    /// How sequences' keys and values are cached.
+    kv_cache_dtype: KvCacheDtype,
     threads: usize,
     blocks: Vec<Block>,
     /// cos and sin of every position's rotation angles, `context × head_dim/2`.
@@ -45,11 +49,56 @@ pub(crate) struct LlamaModel {
 }
 
 /// The keys and values of the tokens a sequence has been fed, per layer
-/// (`len × kv_heads × head_dim`, after RoPE).
+/// (`len × kv_heads × head_dim`, after RoPE), in the model's [`KvCacheDtype`].
 #[derive(Clone, Debug, Default)]
 pub(crate) struct KvCache {
     len: usize,
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    layers: Vec<KvLayer>,
+}
+
+/// One layer's cached keys and values.
+#[derive(Clone, Debug)]
+enum KvLayer {
+    F32 { keys: Vec<f32>, values: Vec<f32> },
+    F16 { keys: Vec<f16>, values: Vec<f16> },
+}
+
+impl KvLayer {
+    fn new(dtype: KvCacheDtype) -> KvLayer {
+        match dtype {
+            KvCacheDtype::F32 => KvLayer::F32 { keys: Vec::new(), values: Vec::new() },
+            KvCacheDtype::F16 => KvLayer::F16 { keys: Vec::new(), values: Vec::new() },
+        }
+    }
+
+    /// Appends one token's keys and values (rounded to the layer's type).
+    fn push(&mut self, keys: &[f32], values: &[f32]) {
+        match self {
+            KvLayer::F32 { keys: k, values: v } => {
+                f32::store(keys, k);
+                f32::store(values, v);
+            }
+            KvLayer::F16 { keys: k, values: v } => {
+                f16::store(keys, k);
+                f16::store(values, v);
+            }
+        }
+    }
+
+    /// The first `tokens` of `cached`.
+    fn prefix(&self, tokens: usize, cached: usize) -> KvLayer {
+        let numbers = |all: usize| all.checked_div(cached).unwrap_or(0) * tokens;
+        match self {
+            KvLayer::F32 { keys, values } => KvLayer::F32 {
+                keys: keys[..numbers(keys.len())].to_vec(),
+                values: values[..numbers(values.len())].to_vec(),
+            },
+            KvLayer::F16 { keys, values } => KvLayer::F16 {
+                keys: keys[..numbers(keys.len())].to_vec(),
+                values: values[..numbers(values.len())].to_vec(),
+            },
+        }
+    }
 }
 
 impl KvCache {
@@ -62,15 +111,7 @@ impl KvCache {
     /// that prefix.
     pub(crate) fn prefix(&self, len: usize) -> KvCache {
         let len = len.min(self.len);
-        let width = |layer: &Vec<f32>| layer.len().checked_div(self.len).unwrap_or(0);
-        KvCache {
-            len,
-            layers: self
-                .layers
-                .iter()
-                .map(|(k, v)| (k[..len * width(k)].to_vec(), v[..len * width(v)].to_vec()))
-                .collect(),
-        }
+        KvCache { len, layers: self.layers.iter().map(|layer| layer.prefix(len, self.len)).collect() }
     }
 }
 
@@ -93,8 +134,8 @@ impl From<candle_core::Error> for ModelError {
 
 impl LlamaModel {
     /// Packs `weights` in `precision` for the forward pass (query, key and value stacked into
-    /// one projection, gate and up into another).
-    pub(crate) fn new(weights: &LlamaWeights, precision: Precision) -> LlamaModel {
+    /// one projection, gate and up into another), to cache keys and values as `kv_cache_dtype`.
+    pub(crate) fn new(weights: &LlamaWeights, precision: Precision, kv_cache_dtype: KvCacheDtype) -> LlamaModel {
         let shape = weights.shape.clone();
         let (hidden, ffn, kv_width) = (shape.hidden, shape.ffn, shape.kv_width());
         let blocks = weights
@@ -122,6 +163,7 @@ impl LlamaModel {
             output_norm: weights.output_norm.clone(),
             embedding: weights.embedding.clone(),
             output,
+            kv_cache_dtype,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             blocks,
             cos,
@@ -153,7 +195,7 @@ impl LlamaModel {
                 )));
             }
             if chunk.cache.layers.is_empty() {
-                chunk.cache.layers = vec![(Vec::new(), Vec::new()); layers];
+                chunk.cache.layers = vec![KvLayer::new(self.kv_cache_dtype); layers];
             }
             rows.extend((0..chunk.tokens.len()).map(|i| (c, chunk.cache.len + i)));
         }
@@ -184,33 +226,32 @@ impl LlamaModel {
             self.rotate(&mut qkv, &rows, hidden, kv_heads, qkv_width);
             let mut start = 0;
             for chunk in chunks.iter_mut() {
-                let (keys, values) = &mut chunk.cache.layers[l];
+                let layer = &mut chunk.cache.layers[l];
                 for row in qkv[start * qkv_width..].chunks_exact(qkv_width).take(chunk.tokens.len()) {
-                    keys.extend_from_slice(&row[hidden..hidden + kv_width]);
-                    values.extend_from_slice(&row[hidden + kv_width..]);
+                    layer.push(&row[hidden..hidden + kv_width], &row[hidden + kv_width..]);
                 }
                 start += chunk.tokens.len();
             }
-            let caches: Vec<(&[f32], &[f32])> =
-                chunks.iter().map(|c| (c.cache.layers[l].0.as_slice(), c.cache.layers[l].1.as_slice())).collect();
+            let caches: Vec<&KvLayer> = chunks.iter().map(|c| &c.cache.layers[l]).collect();
             let group = heads / kv_heads;
             let scale = 1.0 / (head_dim as f32).sqrt();
             attended.par_chunks_mut(hidden).enumerate().for_each_init(Vec::new, |scores, (r, out)| {
                 let (c, position) = rows[r];
-                let (keys, values) = caches[c];
                 let queries = &qkv[r * qkv_width..][..hidden];
                 for (kv_head, (queries, out)) in
                     queries.chunks_exact(group * head_dim).zip(out.chunks_exact_mut(group * head_dim)).enumerate()
                 {
-                    let head = KvHead {
-                        keys,
-                        values,
-                        count: position + 1,
-                        stride: kv_width,
-                        offset: kv_head * head_dim,
-                        width: head_dim,
-                    };
-                    attend(queries, head, scale, scores, out);
+                    let (count, offset) = (position + 1, kv_head * head_dim);
+                    match caches[c] {
+                        KvLayer::F32 { keys, values } => {
+                            let head = KvHead { keys, values, count, stride: kv_width, offset, width: head_dim };
+                            attend(queries, head, scale, scores, out);
+                        }
+                        KvLayer::F16 { keys, values } => {
+                            let head = KvHead { keys, values, count, stride: kv_width, offset, width: head_dim };
+                            attend(queries, head, scale, scores, out);
+                        }
+                    }
                 }
             });
             block.attention_out.forward(&attended, n, &mut residual, threads);

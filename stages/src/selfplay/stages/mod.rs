@@ -29,7 +29,7 @@ pub use self::verify::Verify;
 pub use self::warmup::{Warmup, WarmupConfig};
 use crate::agent::{Outcome, Trajectory};
 use crate::columns::{Columns, schema_of};
-use crate::policy::Precision;
+use crate::policy::{KvCacheDtype, Precision};
 
 /// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
 /// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.
@@ -91,6 +91,7 @@ fn with_trajectories(columns: Columns, trajectories: &[Trajectory]) -> Columns {
         .u32s("prompt_ids", trajectories.iter().map(|t| t.prompt_ids.as_slice()))
         .u64("policy_version", trajectories.iter().map(|t| t.policy_version))
         .opt_str("precision", trajectories.iter().map(|t| t.precision.map(Precision::name)))
+        .opt_str("kv_cache_dtype", trajectories.iter().map(|t| t.kv_cache_dtype.map(KvCacheDtype::name)))
 }
 
 /// How an episode ended, in one word (format errors with their kind).

@@ -1,0 +1,408 @@
+//! Softmax attention over cached keys and values, held as F32 or F16.
+//!
+//! Decoding reads every cached key and value of every sequence at every layer and step (about
+//! 220 MB a step for 32 SmolLM2 sequences of 150 tokens, in F32): far more than the caches hold,
+//! so attention waits on memory. An F16 cache halves those bytes. Its values are rounded once,
+//! when stored, and widened exactly when read, so the arithmetic is the F32 code's, on the
+//! rounded numbers, and just as independent of batching.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{exp_in_place, use_avx2};
+
+/// How a KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// As computed.
+    #[default]
+    F32,
+    /// Rounded to F16 (to nearest): half the memory and the bytes read per step; the
+    /// log-probabilities move slightly off F32's.
+    F16,
+}
+
+impl KvCacheDtype {
+    /// Its name in specs and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::F32 => "f32",
+            KvCacheDtype::F16 => "f16",
+        }
+    }
+}
+
+/// A number a KV cache holds.
+pub(crate) trait KvValue: Copy + Send + Sync {
+    /// Appends `values`, rounded to this type.
+    fn store(values: &[f32], into: &mut Vec<Self>);
+    /// The value as F32 (exactly).
+    fn to_f32(self) -> f32;
+    /// The eight values from `values`, widened (for code compiled with AVX2 and F16C).
+    ///
+    /// # Safety
+    /// Eight values must be readable from `values`, and the CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(values: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvValue for f32 {
+    fn store(values: &[f32], into: &mut Vec<f32>) {
+        into.extend_from_slice(values);
+    }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(values: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller guarantees eight readable values.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(values) }
+    }
+}
+
+impl KvValue for f16 {
+    fn store(values: &[f32], into: &mut Vec<f16>) {
+        let start = into.len();
+        into.resize(start + values.len(), f16::ZERO);
+        into[start..].convert_from_f32_slice(values);
+    }
+
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(values: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps};
+        // SAFETY: the caller guarantees eight readable values (16 bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(values.cast::<__m128i>())) }
+    }
+}
+
+/// The keys and values of one key-value head over `count` tokens: token `j`'s key is
+/// `keys[j * stride + offset..][..width]`, its value the same slice of `values`.
+#[derive(Clone, Copy)]
+pub(crate) struct KvHead<'a, T = f32> {
+    pub(crate) keys: &'a [T],
+    pub(crate) values: &'a [T],
+    pub(crate) count: usize,
+    pub(crate) stride: usize,
+    pub(crate) offset: usize,
+    pub(crate) width: usize,
+}
+
+/// Softmax attention of the query heads that share one key-value head (`queries`: one or more
+/// heads of `width`, side by side): writes each head's `Σ softmax(q·k · scale) v` into its
+/// part of `out`. `scores` is scratch space.
+///
+/// The heads are computed together so that each key and value is read once for all of them
+/// (grouped-query attention: three query heads per key-value head in SmolLM2), but each head's
+/// arithmetic is its own, in the order it would have alone: a head's output does not depend
+/// on the others.
+pub(crate) fn attend<T: KvValue>(
+    queries: &[f32],
+    head: KvHead<'_, T>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let KvHead { count, width, .. } = head;
+    let heads = queries.len() / width;
+    // Key-major (`count × heads`): the weights of one key for a group of heads are contiguous.
+    scores.clear();
+    scores.resize(count * heads, 0.0);
+    score_keys(queries, head, scale, scores);
+    for h in 0..heads {
+        let max = scores.iter().skip(h).step_by(heads).fold(f32::NEG_INFINITY, |max, score| max.max(*score));
+        scores.iter_mut().skip(h).step_by(heads).for_each(|score| *score -= max);
+    }
+    exp_in_place(scores);
+    for h in 0..heads {
+        let total: f32 = scores.iter().skip(h).step_by(heads).sum();
+        scores.iter_mut().skip(h).step_by(heads).for_each(|weight| *weight /= total);
+    }
+    weigh_values(scores, heads, head, out);
+}
+
+/// `scores[j * heads + h] = dot(query h, key j) · scale` for every key of `head`, with AVX2
+/// where the CPU has it (which reads F16 keys without widening them first).
+fn score_keys<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scores: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU has AVX2 and F16C.
+        unsafe { score_keys_avx2(queries, head, scale, scores) };
+        return;
+    }
+    score_keys_with(queries, head, scale, scores, dot_portable);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn score_keys_avx2<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scores: &mut [f32]) {
+    // The closure inherits this function's target features.
+    score_keys_with(queries, head, scale, scores, |a, b| dot_avx2(a, b));
+}
+
+/// The scores' loop, with `dot` inlined into each caller's instruction set.
+#[inline(always)]
+fn score_keys_with<T: KvValue>(
+    queries: &[f32],
+    head: KvHead<'_, T>,
+    scale: f32,
+    scores: &mut [f32],
+    dot: impl Fn(&[f32], &[T]) -> f32,
+) {
+    let KvHead { keys, stride, offset, width, .. } = head;
+    let heads = queries.len() / width;
+    for (j, scores) in scores.chunks_exact_mut(heads).enumerate() {
+        let key = &keys[j * stride + offset..][..width];
+        for (score, query) in scores.iter_mut().zip(queries.chunks_exact(width)) {
+            *score = dot(query, key) * scale;
+        }
+    }
+}
+
+/// A dot product in eight independent lanes (a plain `sum` must add in order), the lanes then
+/// added in order, then the products past the last eight: the order is fixed by the length
+/// alone.
+fn dot_portable<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail = dot_tail(a_chunks.remainder(), b_chunks.remainder());
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for lane in 0..8 {
+            lanes[lane] += x[lane] * y[lane].to_f32();
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// The products past the last whole eight, added in order.
+fn dot_tail<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+}
+
+/// [`dot_portable`] with the eight lanes in one register (a product, then a sum: not fused).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn dot_avx2<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
+    use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps};
+    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail = dot_tail(a_chunks.remainder(), b_chunks.remainder());
+    let mut sums = _mm256_setzero_ps();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        // SAFETY: both chunks hold eight values; the CPU has AVX2 and F16C.
+        unsafe { sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), T::load8(y.as_ptr()))) };
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds eight values.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `out[h] = Σ_j weights[j][h] · value_j` for every head `h` (`weights`: `count × heads`): each
+/// sum adds the keys in order, a product and then a sum per key (not fused), with AVX2 where the
+/// CPU has it and the width is whole blocks of 16.
+fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if head.width.is_multiple_of(16) && use_avx2() {
+        let mut first = 0;
+        while first < heads {
+            let group = (heads - first).min(4);
+            let out = &mut out[first * head.width..(first + group) * head.width];
+            // SAFETY: the CPU has AVX2 and F16C.
+            unsafe {
+                match group {
+                    4 => weigh_values_avx2::<T, 4>(weights, heads, first, head, out),
+                    3 => weigh_values_avx2::<T, 3>(weights, heads, first, head, out),
+                    2 => weigh_values_avx2::<T, 2>(weights, heads, first, head, out),
+                    _ => weigh_values_avx2::<T, 1>(weights, heads, first, head, out),
+                }
+            }
+            first += group;
+        }
+        return;
+    }
+    weigh_values_portable(weights, heads, head, out);
+}
+
+/// [`weigh_values`] element by element: the very bits of the vector version.
+fn weigh_values_portable<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
+    let KvHead { values, stride, offset, width, .. } = head;
+    for (h, out) in out.chunks_exact_mut(width).enumerate() {
+        for (i, out) in out.iter_mut().enumerate() {
+            *out = weights
+                .chunks_exact(heads)
+                .enumerate()
+                .fold(0.0, |sum, (j, weights)| sum + weights[h] * values[j * stride + offset + i].to_f32());
+        }
+    }
+}
+
+/// [`weigh_values`] for the `G ≤ 4` heads from `first`, 16 output columns at a time: the
+/// `2G` sums in registers over all keys, each key's value block loaded once for the group.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn weigh_values_avx2<T: KvValue, const G: usize>(
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    head: KvHead<'_, T>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+    };
+    let KvHead { values, count, stride, offset, width, .. } = head;
+    assert!(
+        first + G <= heads
+            && weights.len() >= count * heads
+            && out.len() >= G * width
+            && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
+        "weigh_values: {G} heads from {first} of {heads}, {count} keys"
+    );
+    for start in (0..width).step_by(16) {
+        let mut sums: [[__m256; 2]; G] = [[_mm256_setzero_ps(); 2]; G];
+        for j in 0..count {
+            // SAFETY: j < count, start + 16 ≤ width and g < G keep every read inside the
+            // asserted lengths; the CPU has AVX2 and F16C.
+            unsafe {
+                let value = values.as_ptr().add(j * stride + offset + start);
+                let (low, high) = (T::load8(value), T::load8(value.add(8)));
+                for (g, sums) in sums.iter_mut().enumerate() {
+                    let weight = _mm256_set1_ps(*weights.get_unchecked(j * heads + first + g));
+                    sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(weight, low));
+                    sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(weight, high));
+                }
+            }
+        }
+        for (g, sums) in sums.iter().enumerate() {
+            // SAFETY: g < G and start + 16 ≤ width: inside the asserted `out`.
+            unsafe {
+                let out = out.as_mut_ptr().add(g * width + start);
+                _mm256_storeu_ps(out, sums[0]);
+                _mm256_storeu_ps(out.add(8), sums[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dots_handle_every_length_and_the_vector_code_gives_the_portable_bits() {
+        for len in [0, 1, 7, 8, 9, 32, 33] {
+            let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..len).map(|i| 2.0 - i as f32 * 0.5).collect();
+            let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert!((dot_portable(&a, &b) - plain).abs() < 1e-3, "length {len}");
+            let mut halves = Vec::new();
+            f16::store(&b, &mut halves);
+            #[cfg(target_arch = "x86_64")]
+            if use_avx2() {
+                // SAFETY: the CPU has AVX2 and F16C.
+                let (fast, fast_halves) = unsafe { (dot_avx2(&a, &b), dot_avx2(&a, &halves)) };
+                assert_eq!(fast, dot_portable(&a, &b), "the vector code's bits, length {len}");
+                assert_eq!(fast_halves, dot_portable(&a, &halves), "F16, length {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn attention_weights_values_by_softmax_of_scores() {
+        // Two keys: the query matches the second one twice as strongly.
+        let query = [1.0, 0.0];
+        let keys = [1.0, 0.0, 2.0, 0.0];
+        let values = [10.0, 0.0, 0.0, 10.0];
+        let mut out = [0.0; 2];
+        let head = KvHead { keys: &keys, values: &values, count: 2, stride: 2, offset: 0, width: 2 };
+        attend(&query, head, 1.0, &mut Vec::new(), &mut out);
+        let p = 1.0 / (1.0 + 1.0f32.exp());
+        assert!((out[0] - 10.0 * p).abs() < 1e-5 && (out[1] - 10.0 * (1.0 - p)).abs() < 1e-5, "{out:?}");
+    }
+
+    #[test]
+    fn heads_attended_together_give_the_bits_of_each_head_alone() {
+        // Seven tokens of two key-value heads of width 40 (a partial value block), and five
+        // query heads on the second: a group of four, then one.
+        let (count, width, stride) = (7, 40, 2 * 40 + 3);
+        let keys: Vec<f32> = (0..count * stride).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
+        let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
+        let queries: Vec<f32> = (0..5 * width).map(|i| ((i * 31) % 101) as f32 / 50.0 - 1.0).collect();
+        let head = KvHead { keys: &keys, values: &values, count, stride, offset: width, width };
+        let mut together = vec![0.0; 5 * width];
+        attend(&queries, head, 0.3, &mut Vec::new(), &mut together);
+        for (query, together) in queries.chunks_exact(width).zip(together.chunks_exact(width)) {
+            let mut alone = vec![0.0; width];
+            attend(query, head, 0.3, &mut Vec::new(), &mut alone);
+            assert_eq!(alone, together);
+        }
+        let distinct: std::collections::BTreeSet<u32> = together.iter().map(|v| v.to_bits()).collect();
+        assert!(distinct.len() > 4 * width, "the heads attended differently");
+    }
+
+    #[test]
+    fn the_vector_value_sums_give_the_bits_of_the_portable_ones() {
+        let (count, heads, width, stride) = (9, 3, 32, 70);
+        let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
+        let weights: Vec<f32> = (0..count * heads).map(|i| ((i * 7919) % 101) as f32 / 101.0).collect();
+        let head = KvHead { keys: &values, values: &values, count, stride, offset: 5, width };
+        let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
+        weigh_values(&weights, heads, head, &mut fast);
+        weigh_values_portable(&weights, heads, head, &mut plain);
+        assert_eq!(fast, plain);
+        assert!(plain.iter().all(|v| *v != 0.0));
+
+        let mut halves = Vec::new();
+        f16::store(&values, &mut halves);
+        let head = KvHead { keys: &halves, values: &halves, count, stride, offset: 5, width };
+        let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
+        weigh_values(&weights, heads, head, &mut fast);
+        weigh_values_portable(&weights, heads, head, &mut plain);
+        assert_eq!(fast, plain, "F16 values");
+    }
+
+    /// An F16 cache's only difference is the rounding when stored: attention over it gives the
+    /// bits of F32 attention over the rounded numbers, and stays close to the unrounded.
+    #[test]
+    fn an_f16_cache_attends_as_f32_over_its_rounded_numbers() {
+        // Width 64 (whole vector blocks) and 48 (the scores' tail), three query heads.
+        for width in [64, 48] {
+            let (count, stride) = (11, 2 * width);
+            let keys: Vec<f32> = (0..count * stride).map(|i| ((i * 7919) % 1009) as f32 / 400.0 - 1.2).collect();
+            let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 300.0 - 1.6).collect();
+            let queries: Vec<f32> = (0..3 * width).map(|i| ((i * 31) % 101) as f32 / 50.0 - 1.0).collect();
+            let (mut half_keys, mut half_values) = (Vec::new(), Vec::new());
+            f16::store(&keys, &mut half_keys);
+            f16::store(&values, &mut half_values);
+            assert!(half_keys.iter().zip(&keys).any(|(h, k)| h.to_f32() != *k), "nothing was rounded");
+            let rounded_keys: Vec<f32> = half_keys.iter().map(|h| h.to_f32()).collect();
+            let rounded_values: Vec<f32> = half_values.iter().map(|h| h.to_f32()).collect();
+            let attention = |head: KvHead<'_, f32>| {
+                let mut out = vec![0.0; 3 * width];
+                attend(&queries, head, 0.125, &mut Vec::new(), &mut out);
+                out
+            };
+            let mut f16_out = vec![0.0; 3 * width];
+            let f16_head = KvHead { keys: &half_keys, values: &half_values, count, stride, offset: width, width };
+            attend(&queries, f16_head, 0.125, &mut Vec::new(), &mut f16_out);
+            let rounded = KvHead { keys: &rounded_keys, values: &rounded_values, count, stride, offset: width, width };
+            assert_eq!(f16_out, attention(rounded), "width {width}");
+            let exact = attention(KvHead { keys: &keys, values: &values, count, stride, offset: width, width });
+            let gap = f16_out.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(gap > 0.0 && gap < 2e-3, "F16 against F32 attention: {gap} (width {width})");
+        }
+    }
+}
