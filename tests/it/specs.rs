@@ -425,6 +425,26 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
     }
 }
 
+/// A problem inside a backend's settings names the setting, and an unknown backend the ones
+/// there are.
+#[test]
+fn a_bad_model_setting_names_the_key_and_the_choices() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (set, expected) in [
+        ("model.kv_cache_dtype=f8", "model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
+        ("model.cache_tokens=lots", "model: cache_tokens: invalid type: string \"lots\", expected usize"),
+        (
+            "model.backend=candel",
+            "model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
+        ),
+    ] {
+        let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/quickstart.yaml", "--set", set], repo);
+        let text = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{text}");
+        assert!(text.contains(&format!("specs/quickstart.yaml:16: {expected}")), "{set}: {text}");
+    }
+}
+
 /// A proposer served by a server cannot be trained in process; an external trainer can train it.
 #[test]
 fn a_proposer_model_that_cannot_be_trained_in_process_is_refused_before_the_run() {

@@ -353,9 +353,10 @@ fn two_models(dir: &Path) -> String {
         .replace("trainer:", &format!("{proposer}\ntrainer:"))
 }
 
-/// With `proposer_model:` the proposer plays with its own weights, served here in int8, and
-/// each model is trained by its own trainer, with its own versions and checkpoints; a killed
-/// run resumes both (int8 weights reloaded after each update), and either exports.
+/// With `proposer_model:` the proposer plays with its own weights, served here in int8 with an
+/// F16 KV cache, and each model is trained by its own trainer, with its own versions and
+/// checkpoints; a killed run resumes both (int8 weights reloaded after each update), and
+/// either exports.
 #[test]
 fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     let dir = setup();
@@ -364,7 +365,10 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     let text = two_models(dir.path())
         .replace("held_out: 10, limit: 8,", "held_out: 10, limit: 8, roles: [solver],")
         .replace("    keep_every: 2\n", "")
-        .replace("tiny-proposer, cache_tokens: 2048}", "tiny-proposer, cache_tokens: 2048, dtype: int8}");
+        .replace(
+            "tiny-proposer, cache_tokens: 2048}",
+            "tiny-proposer, cache_tokens: 2048, dtype: int8, kv_cache_dtype: f16}",
+        );
     let spec = write(dir.path(), "proposer.yaml", &text);
     let spec_arg = spec.to_str().unwrap();
     let reference_store = dir.path().join("reference");
@@ -390,13 +394,15 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
         let solved = integers(table("rollouts", step, "solve"), "policy_version");
         assert!(solved.iter().all(|&v| v == step), "step {step}: {solved:?}");
         // Each in its own precision, recorded with what it wrote.
-        let precisions = |name: &str, writer: &str| {
-            let precisions = strings(table(name, step, writer), "precision");
-            assert!(!precisions.is_empty(), "step {step}: no {name}");
-            precisions
+        let recorded = |name: &str, writer: &str, column: &str| {
+            let values = strings(table(name, step, writer), column);
+            assert!(!values.is_empty(), "step {step}: no {name}");
+            values
         };
-        assert!(precisions("proposals", "propose").iter().all(|p| p == "int8"), "step {step}");
-        assert!(precisions("rollouts", "solve").iter().all(|p| p == "f32"), "step {step}");
+        assert!(recorded("proposals", "propose", "precision").iter().all(|p| p == "int8"), "step {step}");
+        assert!(recorded("rollouts", "solve", "precision").iter().all(|p| p == "f32"), "step {step}");
+        assert!(recorded("proposals", "propose", "kv_cache_dtype").iter().all(|p| p == "f16"), "step {step}");
+        assert!(recorded("rollouts", "solve", "kv_cache_dtype").iter().all(|p| p == "f32"), "step {step}");
     }
 
     kill_and_resume(dir.path(), spec_arg, &reference, duration, 2, 8);

@@ -33,9 +33,11 @@ const ROW_BLOCK: usize = 96;
 const MIN_PANELS: usize = 8;
 
 /// Whether the kernels run their AVX2 versions: where the CPU has AVX2, FMA and F16C (every
-/// x86 CPU with AVX2 has the other two), unless
-/// `SESA_KERNELS=portable` holds them to their portable twins (the same bits), to measure the
-/// vector code or check end to end that results do not depend on it. Decided once per process.
+/// x86 CPU with AVX2 has the other two, though a hypervisor may hide them: then every kernel
+/// takes its portable path), unless `SESA_KERNELS=portable` holds them to their portable twins
+/// (the same bits), to measure the vector code or check end to end that results do not depend
+/// on it. Decided once per process. (The F16 cache's rounding and widening go through `half`,
+/// which picks F16C itself; both of its paths round to nearest and widen exactly.)
 fn use_avx2() -> bool {
     static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVX2.get_or_init(|| {

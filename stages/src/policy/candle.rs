@@ -61,8 +61,8 @@ pub struct CandleConfig {
     #[serde(default)]
     pub dtype: Precision,
     /// How keys and values are cached: `f32` (the default, as computed) or `f16` (rounded to
-    /// nearest: half the cache's memory, and faster decoding where attention waits on memory;
-    /// log-probabilities slightly off F32's). Trainers compute in F32 whatever this says.
+    /// nearest: half the cache's memory and of the bytes attention reads, with
+    /// log-probabilities about 0.001 nats off F32's). Trainers compute in F32 whatever this says.
     #[serde(default)]
     pub kv_cache_dtype: KvCacheDtype,
 }

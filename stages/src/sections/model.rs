@@ -15,7 +15,7 @@ use crate::policy::{
 };
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
-#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
 #[serde(tag = "backend", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ModelSection {
     /// mistral.rs in process (CPU, or CUDA with the `cuda` feature).
@@ -26,6 +26,39 @@ pub enum ModelSection {
     Candle(CandleConfig),
     /// Any OpenAI-compatible completions server.
     Openai(OpenAiConfig),
+}
+
+/// By hand, with the derive's attributes above kept for the schema: serde's internally tagged
+/// enums read the whole map before choosing the variant, and a problem inside it then names
+/// only `model`. Here it names the setting too (`model: dtype: unknown variant ...`).
+impl<'de> Deserialize<'de> for ModelSection {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Backend {
+            Mistralrs,
+            Candle,
+            Openai,
+        }
+        // Through JSON's value, which reads a map of one key as an enum's variant as the derive
+        // does (YAML's value wants a tag).
+        fn settings<T: serde::de::DeserializeOwned, E: Error>(settings: serde_yaml::Mapping) -> Result<T, E> {
+            let settings = serde_json::to_value(settings).map_err(E::custom)?;
+            serde_path_to_error::deserialize(settings).map_err(|error| match error.path().to_string().as_str() {
+                "." => E::custom(error.into_inner()),
+                path => E::custom(format!("{path}: {}", error.into_inner())),
+            })
+        }
+        let mut map = serde_yaml::Mapping::deserialize(deserializer)?;
+        let backend = map.remove("backend").ok_or_else(|| D::Error::missing_field("backend"))?;
+        let backend = Backend::deserialize(backend).map_err(|error| D::Error::custom(format!("backend: {error}")))?;
+        Ok(match backend {
+            Backend::Mistralrs => ModelSection::Mistralrs(settings(map)?),
+            Backend::Candle => ModelSection::Candle(settings(map)?),
+            Backend::Openai => ModelSection::Openai(settings(map)?),
+        })
+    }
 }
 
 impl Section for ModelSection {

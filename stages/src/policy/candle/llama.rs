@@ -56,47 +56,65 @@ pub(crate) struct KvCache {
     layers: Vec<KvLayer>,
 }
 
-/// One layer's cached keys and values.
+/// One layer's cached keys and values, in the model's [`KvCacheDtype`].
 #[derive(Clone, Debug)]
 enum KvLayer {
-    F32 { keys: Vec<f32>, values: Vec<f32> },
-    F16 { keys: Vec<f16>, values: Vec<f16> },
+    F32(KvLayerOf<f32>),
+    F16(KvLayerOf<f16>),
+}
+
+/// One layer's cached keys and values as `T`.
+#[derive(Clone, Debug)]
+struct KvLayerOf<T> {
+    keys: Vec<T>,
+    values: Vec<T>,
+}
+
+impl<T: KvValue> KvLayerOf<T> {
+    /// Appends one token's keys and values (rounded to `T`).
+    fn push(&mut self, keys: &[f32], values: &[f32]) {
+        T::store(keys, &mut self.keys);
+        T::store(values, &mut self.values);
+    }
+
+    /// The first `tokens` of `cached`.
+    fn prefix(&self, tokens: usize, cached: usize) -> KvLayerOf<T> {
+        let numbers = self.keys.len().checked_div(cached).unwrap_or(0) * tokens;
+        KvLayerOf { keys: self.keys[..numbers].to_vec(), values: self.values[..numbers].to_vec() }
+    }
+
+    /// Key-value head `kv_head` over the first `count` tokens.
+    fn head(&self, kv_head: usize, count: usize, kv_width: usize, head_dim: usize) -> KvHead<'_, T> {
+        KvHead {
+            keys: &self.keys,
+            values: &self.values,
+            count,
+            stride: kv_width,
+            offset: kv_head * head_dim,
+            width: head_dim,
+        }
+    }
 }
 
 impl KvLayer {
     fn new(dtype: KvCacheDtype) -> KvLayer {
         match dtype {
-            KvCacheDtype::F32 => KvLayer::F32 { keys: Vec::new(), values: Vec::new() },
-            KvCacheDtype::F16 => KvLayer::F16 { keys: Vec::new(), values: Vec::new() },
+            KvCacheDtype::F32 => KvLayer::F32(KvLayerOf { keys: Vec::new(), values: Vec::new() }),
+            KvCacheDtype::F16 => KvLayer::F16(KvLayerOf { keys: Vec::new(), values: Vec::new() }),
         }
     }
 
-    /// Appends one token's keys and values (rounded to the layer's type).
     fn push(&mut self, keys: &[f32], values: &[f32]) {
         match self {
-            KvLayer::F32 { keys: k, values: v } => {
-                f32::store(keys, k);
-                f32::store(values, v);
-            }
-            KvLayer::F16 { keys: k, values: v } => {
-                f16::store(keys, k);
-                f16::store(values, v);
-            }
+            KvLayer::F32(layer) => layer.push(keys, values),
+            KvLayer::F16(layer) => layer.push(keys, values),
         }
     }
 
-    /// The first `tokens` of `cached`.
     fn prefix(&self, tokens: usize, cached: usize) -> KvLayer {
-        let numbers = |all: usize| all.checked_div(cached).unwrap_or(0) * tokens;
         match self {
-            KvLayer::F32 { keys, values } => KvLayer::F32 {
-                keys: keys[..numbers(keys.len())].to_vec(),
-                values: values[..numbers(values.len())].to_vec(),
-            },
-            KvLayer::F16 { keys, values } => KvLayer::F16 {
-                keys: keys[..numbers(keys.len())].to_vec(),
-                values: values[..numbers(values.len())].to_vec(),
-            },
+            KvLayer::F32(layer) => KvLayer::F32(layer.prefix(tokens, cached)),
+            KvLayer::F16(layer) => KvLayer::F16(layer.prefix(tokens, cached)),
         }
     }
 }
@@ -241,15 +259,13 @@ impl LlamaModel {
                 for (kv_head, (queries, out)) in
                     queries.chunks_exact(group * head_dim).zip(out.chunks_exact_mut(group * head_dim)).enumerate()
                 {
-                    let (count, offset) = (position + 1, kv_head * head_dim);
+                    let count = position + 1;
                     match caches[c] {
-                        KvLayer::F32 { keys, values } => {
-                            let head = KvHead { keys, values, count, stride: kv_width, offset, width: head_dim };
-                            attend(queries, head, scale, scores, out);
+                        KvLayer::F32(layer) => {
+                            attend(queries, layer.head(kv_head, count, kv_width, head_dim), scale, scores, out)
                         }
-                        KvLayer::F16 { keys, values } => {
-                            let head = KvHead { keys, values, count, stride: kv_width, offset, width: head_dim };
-                            attend(queries, head, scale, scores, out);
+                        KvLayer::F16(layer) => {
+                            attend(queries, layer.head(kv_head, count, kv_width, head_dim), scale, scores, out)
                         }
                     }
                 }

@@ -91,8 +91,9 @@ fn int8_weights_and_an_f16_kv_cache_keep_log_probabilities_close_to_f32() {
     let exact = log_softmax(&logits);
     let mut order: Vec<usize> = (0..exact.len()).collect();
     order.sort_by(|a, b| exact[*b].total_cmp(&exact[*a]));
-    // The bounds: a little over the gaps measured (int8 0.2, F16 KV cache 0.002).
-    for (numerics, bound) in [((Precision::Int8, KvCacheDtype::F32), 0.25), ((Precision::F32, KvCacheDtype::F16), 0.01)]
+    // The bounds: a little over the gaps measured (int8 0.2, F16 KV cache 0.0012).
+    for (numerics, bound) in
+        [((Precision::Int8, KvCacheDtype::F32), 0.25), ((Precision::F32, KvCacheDtype::F16), 0.0015)]
     {
         let model = LlamaModel::new(&weights, numerics.0, numerics.1);
         let other = log_softmax(&feed(&model, &mut KvCache::default(), &tokens));
