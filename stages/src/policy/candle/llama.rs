@@ -64,7 +64,7 @@ enum KvLayer {
 }
 
 /// One layer's cached keys and values as `T`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct KvLayerOf<T> {
     keys: Vec<T>,
     values: Vec<T>,
@@ -99,8 +99,8 @@ impl<T: KvValue> KvLayerOf<T> {
 impl KvLayer {
     fn new(dtype: KvCacheDtype) -> KvLayer {
         match dtype {
-            KvCacheDtype::F32 => KvLayer::F32(KvLayerOf { keys: Vec::new(), values: Vec::new() }),
-            KvCacheDtype::F16 => KvLayer::F16(KvLayerOf { keys: Vec::new(), values: Vec::new() }),
+            KvCacheDtype::F32 => KvLayer::F32(KvLayerOf::default()),
+            KvCacheDtype::F16 => KvLayer::F16(KvLayerOf::default()),
         }
     }
 
