@@ -197,6 +197,29 @@ enum Command {
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
+    /// Time decoding steps of the `candle` backend's forward pass alone (no scheduler, sampler
+    /// or search) at several batch sizes: the fastest and median step, tokens/s, and the dense
+    /// products' multiply-adds per second.
+    BenchDecoding {
+        /// The model: a GGUF file, a Hugging Face directory or a known model's name.
+        #[arg(long, default_value = "smollm2-135m-instruct")]
+        model: String,
+        /// Weights: `f32` or `int8` (as `model.dtype`).
+        #[arg(long, default_value = "int8")]
+        dtype: sesa_stages::policy::Precision,
+        /// KV cache: `f32` or `f16` (as `model.kv_cache_dtype`).
+        #[arg(long, default_value = "f32")]
+        kv_cache_dtype: sesa_stages::policy::KvCacheDtype,
+        /// Batch sizes: sequences decoding together, one token each a step.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+        rows: Vec<usize>,
+        /// Tokens already cached in each sequence.
+        #[arg(long, default_value_t = 128)]
+        context: usize,
+        /// Steps timed per batch size (each from the same caches).
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+    },
     /// Measure the skill embedder (texts/s, one query's latency) and bank retrieval latency.
     BenchSkills {
         /// Questions (FlashRAG JSONL) to embed, e.g. a HotpotQA `questions.jsonl`.
@@ -631,6 +654,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
         }
         Command::BenchRollouts { spec, questions, trajectories, repeats, overrides } => {
             crate::bench::bench_rollouts(&spec, &overrides, &questions, trajectories, repeats, registry).await
+        }
+        Command::BenchDecoding { model, dtype, kv_cache_dtype, rows, context, steps } => {
+            crate::bench::bench_decoding(&model, dtype, kv_cache_dtype, &rows, context, steps).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
         Command::BenchTrain { model, tokens, method, steps, scored } => {

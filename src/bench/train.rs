@@ -10,14 +10,14 @@ fn bench_tokens(count: usize, vocabulary: usize) -> Vec<u32> {
 
 /// `sesa bench-train`.
 pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize, scored: f64) -> Result<u8> {
-    use sesa_stages::train::{Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
+    use sesa_stages::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
     let method = match method {
         "full" => Method::Full,
-        "lora" => Method::Lora {
+        "lora" => Method::Lora(LoraMethod {
             rank: 16,
             alpha: 32.0,
             targets: sesa_stages::train::MODULES.iter().map(|m| m.to_string()).collect(),
-        },
+        }),
         other => anyhow::bail!("--method must be `full` or `lora`, not `{other}`"),
     };
     let source = sesa_stages::sections::local_model(model).await?;
@@ -30,7 +30,7 @@ pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize,
         let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
         let sequence = TrainSequence { tokens: ids, mask };
         let mut model = TrainModel::new(files.weights);
-        if let Method::Lora { rank, alpha, targets } = &method {
+        if let Method::Lora(LoraMethod { rank, alpha, targets }) = &method {
             model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
         }
         let trained: usize = model.trained().iter().map(|t| t.len()).sum();

@@ -425,23 +425,36 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
     }
 }
 
-/// A problem inside a backend's settings names the setting, and an unknown backend the ones
-/// there are.
+/// A problem inside a choice's settings (a policy backend, a search backend, an embedder, a
+/// reward shape) names the setting, and an unknown choice the ones there are.
 #[test]
-fn a_bad_model_setting_names_the_key_and_the_choices() {
+fn a_bad_setting_inside_a_choice_names_the_key_and_the_choices() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (set, expected) in [
-        ("model.kv_cache_dtype=f8", "model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
-        ("model.cache_tokens=lots", "model: cache_tokens: invalid type: string \"lots\", expected usize"),
+        ("model.kv_cache_dtype=f8", "16: model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
+        ("model.cache_tokens=lots", "16: model: cache_tokens: invalid type: string \"lots\", expected usize"),
         (
             "model.backend=candel",
-            "model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
+            "16: model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
+        ),
+        ("search.backend.index=[1]", "21: search.backend: index: invalid type: sequence, expected path string"),
+        (
+            "search.backend.kind=bm26",
+            "21: search.backend: kind: unknown variant `bm26`, expected `bm25` or `retriever`",
+        ),
+        (
+            "memory.embedder={kind: hashed_words, dimension: big}",
+            "37: memory.embedder: dimension: invalid type: string \"big\", expected usize",
+        ),
+        (
+            "stages.reward.proposer.lambda=x",
+            "68: stages.reward.proposer: lambda: invalid type: string \"x\", expected f64",
         ),
     ] {
         let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/quickstart.yaml", "--set", set], repo);
         let text = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{text}");
-        assert!(text.contains(&format!("specs/quickstart.yaml:16: {expected}")), "{set}: {text}");
+        assert!(text.contains(&format!("specs/quickstart.yaml:{expected}")), "{set}: {text}");
     }
 }
 

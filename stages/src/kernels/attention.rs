@@ -36,6 +36,14 @@ impl KvCacheDtype {
     }
 }
 
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<KvCacheDtype, String> {
+        super::from_name(name)
+    }
+}
+
 /// A number a KV cache holds.
 pub(crate) trait KvValue: Copy + Send + Sync {
     /// Appends `values`, rounded to this type.

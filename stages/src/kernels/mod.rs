@@ -81,6 +81,20 @@ impl Precision {
     }
 }
 
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Precision, String> {
+        from_name(name)
+    }
+}
+
+/// A setting's value from its name in specs (`int8`), with the spec's message when unknown
+/// (`unknown variant `x`, expected `f32` or `int8``), for command-line flags that mirror it.
+fn from_name<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(name.to_string())).map_err(|e| e.to_string())
+}
+
 /// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), packed once at
 /// load for `x · Wᵀ`.
 pub(crate) enum PackedWeight {
@@ -259,6 +273,13 @@ pub(crate) fn add_assign(target: &mut [f32], other: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_are_read_from_their_names_in_specs() {
+        assert_eq!("int8".parse::<Precision>(), Ok(Precision::Int8));
+        assert_eq!("f16".parse::<KvCacheDtype>(), Ok(KvCacheDtype::F16));
+        assert_eq!("f8".parse::<KvCacheDtype>(), Err("unknown variant `f8`, expected `f32` or `f16`".to_string()));
+    }
 
     #[test]
     fn dense_rows_do_not_depend_on_the_batch_or_the_threads() {

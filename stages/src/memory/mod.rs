@@ -18,7 +18,7 @@ pub use self::bank::{BankConfig, QuestionUsage, SkillBank, SkillEvent, SkillEven
 pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, parse_output, render_failures};
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
 pub use self::sanitize::{clean, limits};
-pub use self::section::{EmbedderConfig, MemorySection};
+pub use self::section::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig};
 pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText};
 pub use self::tables::{SKILL_EVENTS_SCHEMA, SKILLS_SCHEMA, events_batch, skills_batch, skills_from_batch};
 

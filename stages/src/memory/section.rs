@@ -7,23 +7,39 @@ use sesa_engine::{ConfigProblem, Section};
 use super::bank::{BankConfig, UsageRule};
 use super::embed::{CachedEmbedder, EmbedError, HashedWords, MiniLm};
 use crate::models;
+use crate::sections::deserialize_tagged;
 
 /// Which sentence embedder retrieves and deduplicates skills.
-#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum EmbedderConfig {
     /// A BERT sentence encoder with mean pooling (all-MiniLM-L6-v2 by default).
-    Minilm {
-        /// A known model name (`sesa model list`) or a directory with `model.safetensors`,
-        /// `config.json` and `tokenizer.json`.
-        #[serde(default = "default_embedder_model")]
-        model: String,
-    },
+    Minilm(MinilmConfig),
     /// A test double (hashed bag of words), not a semantic model: for fast tests only.
-    HashedWords {
-        /// Vector size.
-        dimension: usize,
-    },
+    HashedWords(HashedWordsConfig),
+}
+
+deserialize_tagged!(EmbedderConfig, "kind", {
+    "minilm" => Minilm(settings),
+    "hashed_words" => HashedWords(settings),
+});
+
+/// A BERT sentence encoder.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MinilmConfig {
+    /// A known model name (`sesa model list`) or a directory with `model.safetensors`,
+    /// `config.json` and `tokenizer.json`.
+    #[serde(default = "default_embedder_model")]
+    pub model: String,
+}
+
+/// The hashed bag of words.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HashedWordsConfig {
+    /// Vector size.
+    pub dimension: usize,
 }
 
 fn default_embedder_model() -> String {
@@ -32,7 +48,7 @@ fn default_embedder_model() -> String {
 
 impl Default for EmbedderConfig {
     fn default() -> Self {
-        EmbedderConfig::Minilm { model: default_embedder_model() }
+        EmbedderConfig::Minilm(MinilmConfig { model: default_embedder_model() })
     }
 }
 
@@ -93,10 +109,10 @@ impl Section for MemorySection {
         problems.extend(ConfigProblem::size("capacity", self.capacity, 1..=1_000_000));
         problems.extend(ConfigProblem::size("top_k", self.top_k, 1..=100));
         problems.extend(ConfigProblem::size("queue_capacity", self.queue_capacity, 0..=10_000_000));
-        if let EmbedderConfig::HashedWords { dimension } = self.embedder {
+        if let EmbedderConfig::HashedWords(HashedWordsConfig { dimension }) = self.embedder {
             problems.extend(ConfigProblem::size("embedder.dimension", dimension, 1..=65_536));
         }
-        if let EmbedderConfig::Minilm { model } = &self.embedder
+        if let EmbedderConfig::Minilm(MinilmConfig { model }) = &self.embedder
             && !std::path::Path::new(model).exists()
             && !models::KNOWN_MODELS.iter().any(|m| m.name == model)
         {
@@ -138,7 +154,7 @@ impl MemorySection {
     /// Opens the embedder, fetching a named model it lacks.
     pub async fn open_embedder(&self) -> Result<CachedEmbedder, EmbedError> {
         Ok(CachedEmbedder::new(match &self.embedder {
-            EmbedderConfig::Minilm { model } => {
+            EmbedderConfig::Minilm(MinilmConfig { model }) => {
                 let directory = models::resolve_or_fetch(model)
                     .await
                     .map_err(|e| EmbedError { name: model.clone(), message: e.to_string() })?;
@@ -148,7 +164,7 @@ impl MemorySection {
                         .map_err(|e| EmbedError { name: model.clone(), message: e.to_string() })??,
                 )
             }
-            EmbedderConfig::HashedWords { dimension } => Box::new(HashedWords::new(*dimension)),
+            EmbedderConfig::HashedWords(HashedWordsConfig { dimension }) => Box::new(HashedWords::new(*dimension)),
         }))
     }
 }

@@ -16,6 +16,7 @@
 //! uses): tokens the schema forbids are masked before sampling, so log-probabilities are those
 //! of the masked distribution.
 
+mod decode_bench;
 mod llama;
 mod scheduler;
 mod tokenizer;
@@ -32,6 +33,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
+pub use self::decode_bench::{DecodingTiming, bench_decoding, dense_macs_per_token};
 use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
 use super::chat::TemplateSource;

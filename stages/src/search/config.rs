@@ -8,6 +8,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
+use crate::sections::deserialize_tagged;
 
 /// The agents' search tool, as a spec configures it.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -25,19 +26,26 @@ fn default_top_k() -> usize {
 }
 
 /// Where the passages come from.
-#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Backend {
     /// A local BM25 index directory, built by `sesa index build`.
-    Bm25 {
-        /// The index directory.
-        index: PathBuf,
-        /// A corpus (Search-R1 JSONL) to build the index from when it does not exist yet.
-        #[serde(default)]
-        corpus: Option<PathBuf>,
-    },
+    Bm25(Bm25Config),
     /// A Search-R1 retriever server.
     Retriever(RetrieverConfig),
+}
+
+deserialize_tagged!(Backend, "kind", { "bm25" => Bm25(settings), "retriever" => Retriever(settings) });
+
+/// A local BM25 index.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bm25Config {
+    /// The index directory.
+    pub index: PathBuf,
+    /// A corpus (Search-R1 JSONL) to build the index from when it does not exist yet.
+    #[serde(default)]
+    pub corpus: Option<PathBuf>,
 }
 
 impl Section for SearchConfig {
@@ -61,7 +69,7 @@ impl Section for SearchConfig {
 
     fn requirements(&self) -> Vec<Requirement> {
         match &self.backend {
-            Backend::Bm25 { index, corpus } => {
+            Backend::Bm25(Bm25Config { index, corpus }) => {
                 bm25_requirements("backend.index", index, "backend.corpus", corpus.as_deref())
             }
             // Search-R1's server answers only `POST`; any answer to a `GET` shows it is up.
@@ -77,7 +85,7 @@ impl Section for SearchConfig {
 
     fn provides(&self) -> Vec<PathBuf> {
         match &self.backend {
-            Backend::Bm25 { index, corpus: Some(_) } => vec![index.clone()],
+            Backend::Bm25(Bm25Config { index, corpus: Some(_) }) => vec![index.clone()],
             _ => Vec::new(),
         }
     }
@@ -108,7 +116,7 @@ impl SearchConfig {
     /// Opens the backend, first building a missing BM25 index from the configured corpus.
     pub fn open_or_build(&self) -> Result<Arc<dyn Search>, SearchError> {
         match &self.backend {
-            Backend::Bm25 { index, corpus: Some(corpus) } => {
+            Backend::Bm25(Bm25Config { index, corpus: Some(corpus) }) => {
                 Ok(Arc::new(Arc::new(Bm25Index::open_or_build(corpus, index)?)))
             }
             _ => self.open(),
@@ -119,7 +127,7 @@ impl SearchConfig {
     /// says how to build it.
     pub fn open(&self) -> Result<Arc<dyn Search>, SearchError> {
         Ok(match &self.backend {
-            Backend::Bm25 { index, .. } => Arc::new(Arc::new(Bm25Index::open(index)?)),
+            Backend::Bm25(Bm25Config { index, .. }) => Arc::new(Arc::new(Bm25Index::open(index)?)),
             Backend::Retriever(config) => Arc::new(RetrieverClient::new(config.clone())?),
         })
     }

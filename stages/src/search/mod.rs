@@ -17,7 +17,7 @@ mod server;
 use futures::future::BoxFuture;
 
 pub use self::bm25::{Bm25Index, IndexStats};
-pub use self::config::{Backend, SearchConfig, bm25_requirements};
+pub use self::config::{Backend, Bm25Config, SearchConfig, bm25_requirements};
 pub use self::corpus::{CorpusError, CorpusReader};
 pub use self::format::format_results;
 pub use self::retriever::{RetrieverClient, RetrieverConfig};

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
-use super::MAX_TOKENS;
+use super::{MAX_TOKENS, deserialize_tagged};
 use crate::models;
 use crate::policy::{
     CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, ServerTemplate,
@@ -28,38 +28,12 @@ pub enum ModelSection {
     Openai(OpenAiConfig),
 }
 
-/// By hand, with the derive's attributes above kept for the schema: serde's internally tagged
-/// enums read the whole map before choosing the variant, and a problem inside it then names
-/// only `model`. Here it names the setting too (`model: dtype: unknown variant ...`).
-impl<'de> Deserialize<'de> for ModelSection {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        #[derive(Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        enum Backend {
-            Mistralrs,
-            Candle,
-            Openai,
-        }
-        // Through JSON's value, which reads a map of one key as an enum's variant as the derive
-        // does (YAML's value wants a tag).
-        fn settings<T: serde::de::DeserializeOwned, E: Error>(settings: serde_yaml::Mapping) -> Result<T, E> {
-            let settings = serde_json::to_value(settings).map_err(E::custom)?;
-            serde_path_to_error::deserialize(settings).map_err(|error| match error.path().to_string().as_str() {
-                "." => E::custom(error.into_inner()),
-                path => E::custom(format!("{path}: {}", error.into_inner())),
-            })
-        }
-        let mut map = serde_yaml::Mapping::deserialize(deserializer)?;
-        let backend = map.remove("backend").ok_or_else(|| D::Error::missing_field("backend"))?;
-        let backend = Backend::deserialize(backend).map_err(|error| D::Error::custom(format!("backend: {error}")))?;
-        Ok(match backend {
-            Backend::Mistralrs => ModelSection::Mistralrs(settings(map)?),
-            Backend::Candle => ModelSection::Candle(settings(map)?),
-            Backend::Openai => ModelSection::Openai(settings(map)?),
-        })
-    }
-}
+// Errors inside the settings name the setting (`model: dtype: unknown variant ...`).
+deserialize_tagged!(ModelSection, "backend", {
+    "mistralrs" => Mistralrs(settings),
+    "candle" => Candle(settings),
+    "openai" => Openai(settings),
+});
 
 impl Section for ModelSection {
     const KEY: &'static str = "model";

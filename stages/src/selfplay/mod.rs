@@ -14,7 +14,8 @@ pub mod training;
 
 pub use self::resources::{InitialPolicy, LoopResources, PooledQuestion, SelfPlay, SkillMemory, Templates};
 pub use self::rules::{
-    FailureQueue, ProposerReward, ValidityRules, judge_says_correct, solver_reward, verifier_answer,
+    FailureQueue, FrontierReward, IntermediateReward, ProposerReward, ValidityRules, judge_says_correct, solver_reward,
+    verifier_answer,
 };
 pub use self::stages::{
     Collect, Consolidate, Evaluate, Priming, Propose, Reward, STEP_SUMMARY, Solve, Update, Verify, Warmup,

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::data::metrics::exact_match;
 use crate::memory::FailureRecord;
+use crate::sections::deserialize_tagged;
 
 /// The rule-based checks of a proposed question (SSP §4.3; the RAG check is the verify stage).
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -116,31 +117,47 @@ pub fn solver_reward(response: &str, answer: Option<&str>, golds: &[String], jud
 }
 
 /// How the proposer is rewarded for a question whose solver success rate is p̂.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, JsonSchema)]
 #[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ProposerReward {
     /// SSP: 1 − p̂.
-    Adversarial {},
+    Adversarial,
     /// SESA: −λ at p̂ ∈ {0, 1}, else 4(ℓ + p̂)(h − p̂).
-    Frontier {
-        /// The endpoint penalty λ > 0.
-        lambda: f64,
-        /// ℓ.
-        #[serde(default)]
-        low: f64,
-        /// h.
-        #[serde(default = "one")]
-        high: f64,
-    },
+    Frontier(FrontierReward),
     /// SSP's `intermediate_difficulty`: 4(left + p̂)(right − p̂) inside (0, 1), else 0.
-    Intermediate {
-        /// left.
-        #[serde(default)]
-        left: f64,
-        /// right.
-        #[serde(default = "one")]
-        right: f64,
-    },
+    Intermediate(IntermediateReward),
+}
+
+deserialize_tagged!(ProposerReward, "shape", {
+    "adversarial" => Adversarial,
+    "frontier" => Frontier(settings),
+    "intermediate" => Intermediate(settings),
+});
+
+/// SESA's frontier reward: −λ at p̂ ∈ {0, 1}, else 4(ℓ + p̂)(h − p̂).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FrontierReward {
+    /// The endpoint penalty λ > 0.
+    pub lambda: f64,
+    /// ℓ.
+    #[serde(default)]
+    pub low: f64,
+    /// h.
+    #[serde(default = "one")]
+    pub high: f64,
+}
+
+/// SSP's `intermediate_difficulty`: 4(left + p̂)(right − p̂) inside (0, 1), else 0.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IntermediateReward {
+    /// left.
+    #[serde(default)]
+    pub left: f64,
+    /// right.
+    #[serde(default = "one")]
+    pub right: f64,
 }
 
 fn one() -> f64 {
@@ -152,15 +169,15 @@ impl ProposerReward {
     pub fn reward(&self, p: f64) -> f64 {
         let interior = p > 0.0 && p < 1.0;
         match *self {
-            ProposerReward::Adversarial {} => 1.0 - p,
-            ProposerReward::Frontier { lambda, low, high } => {
+            ProposerReward::Adversarial => 1.0 - p,
+            ProposerReward::Frontier(FrontierReward { lambda, low, high }) => {
                 if interior {
                     4.0 * (low + p) * (high - p)
                 } else {
                     -lambda
                 }
             }
-            ProposerReward::Intermediate { left, right } => {
+            ProposerReward::Intermediate(IntermediateReward { left, right }) => {
                 if interior {
                     4.0 * (left + p) * (right - p)
                 } else {
@@ -176,9 +193,9 @@ impl ProposerReward {
     pub fn lowest(&self) -> f64 {
         let interior = |low: f64, high: f64| (4.0 * low * high).min(4.0 * (low + 1.0) * (high - 1.0));
         match *self {
-            ProposerReward::Adversarial {} => 0.0,
-            ProposerReward::Frontier { lambda, low, high } => (-lambda).min(interior(low, high)),
-            ProposerReward::Intermediate { left, right } => 0.0f64.min(interior(left, right)),
+            ProposerReward::Adversarial => 0.0,
+            ProposerReward::Frontier(FrontierReward { lambda, low, high }) => (-lambda).min(interior(low, high)),
+            ProposerReward::Intermediate(IntermediateReward { left, right }) => 0.0f64.min(interior(left, right)),
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::agent::Role;
 use crate::columns::{Columns, Reader, schema_of};
 use crate::policy::Policy;
 use crate::sections::MAX_TOKENS;
-use crate::train::{Method, TrainModel, Trainer, new_adapters};
+use crate::train::{LoraMethod, Method, TrainModel, Trainer, new_adapters};
 use crate::weights::LlamaWeights;
 
 /// The `trainer:` section: what is trained and how much memory a micro-batch may take.
@@ -304,7 +304,7 @@ impl Training {
 /// A model to train from `weights`: full fine-tuning, or fresh LoRA adapters on them.
 fn model_for(weights: LlamaWeights, method: &Method) -> TrainModel {
     let mut model = TrainModel::new(weights);
-    if let Method::Lora { rank, alpha, targets } = method {
+    if let Method::Lora(LoraMethod { rank, alpha, targets }) = method {
         model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
     }
     model

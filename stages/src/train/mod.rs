@@ -28,23 +28,30 @@ pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
 use crate::weights::LlamaWeights;
 
 /// What is trained.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Method {
     /// Every weight (the default for a 135M model).
     Full,
     /// Low-rank adapters on some projections; the base weights stay frozen (and serve as the
     /// reference policy).
-    Lora {
-        /// Rank of each adapter.
-        rank: usize,
-        /// Scale numerator: adapters add `alpha / rank · B·A`.
-        alpha: f32,
-        /// Projections to adapt, among `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
-        /// `up_proj`, `down_proj`.
-        #[serde(default = "all_modules")]
-        targets: Vec<String>,
-    },
+    Lora(LoraMethod),
+}
+
+crate::sections::deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
+
+/// Low-rank adapters: their rank, scale and projections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoraMethod {
+    /// Rank of each adapter.
+    pub rank: usize,
+    /// Scale numerator: adapters add `alpha / rank · B·A`.
+    pub alpha: f32,
+    /// Projections to adapt, among `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
+    /// `up_proj`, `down_proj`.
+    #[serde(default = "all_modules")]
+    pub targets: Vec<String>,
 }
 
 fn all_modules() -> Vec<String> {
@@ -56,7 +63,7 @@ impl Method {
     pub fn name(&self) -> &'static str {
         match self {
             Method::Full => "full",
-            Method::Lora { .. } => "lora",
+            Method::Lora(_) => "lora",
         }
     }
 
@@ -64,7 +71,7 @@ impl Method {
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         match self {
             Method::Full => Vec::new(),
-            Method::Lora { rank, alpha, targets } => {
+            Method::Lora(LoraMethod { rank, alpha, targets }) => {
                 let mut problems = Vec::new();
                 if !(1..=4_096).contains(rank) {
                     problems.push(("rank", format!("must be between 1 and 4096, got {rank}")));

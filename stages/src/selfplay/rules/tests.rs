@@ -13,18 +13,18 @@ fn failure(id: &str) -> FailureRecord {
 
 #[test]
 fn frontier_reward_has_exact_values() {
-    let shape = ProposerReward::Frontier { lambda: 0.5, low: 0.0, high: 1.0 };
+    let shape = ProposerReward::Frontier(FrontierReward { lambda: 0.5, low: 0.0, high: 1.0 });
     let values: Vec<f64> = [0.0, 0.2, 0.5, 0.8, 1.0].iter().map(|&p| shape.reward(p)).collect();
     assert_eq!(values, [-0.5, 4.0 * 0.2 * (1.0 - 0.2), 1.0, 4.0 * 0.8 * (1.0 - 0.8), -0.5]);
-    let shifted = ProposerReward::Frontier { lambda: 1.0, low: 0.1, high: 0.9 };
+    let shifted = ProposerReward::Frontier(FrontierReward { lambda: 1.0, low: 0.1, high: 0.9 });
     assert_eq!(shifted.reward(0.4), 4.0 * 0.5 * 0.5);
 }
 
 #[test]
 fn adversarial_and_intermediate_rewards_have_exact_values() {
-    let adversarial: Vec<f64> = [0.0, 0.2, 1.0].iter().map(|&p| ProposerReward::Adversarial {}.reward(p)).collect();
+    let adversarial: Vec<f64> = [0.0, 0.2, 1.0].iter().map(|&p| ProposerReward::Adversarial.reward(p)).collect();
     assert_eq!(adversarial, [1.0, 0.8, 0.0]);
-    let shape = ProposerReward::Intermediate { left: 0.0, right: 1.0 };
+    let shape = ProposerReward::Intermediate(IntermediateReward { left: 0.0, right: 1.0 });
     let intermediate: Vec<f64> = [0.0, 0.5, 1.0].iter().map(|&p| shape.reward(p)).collect();
     assert_eq!(intermediate, [0.0, 1.0, 0.0]);
 }
@@ -95,5 +95,5 @@ fn verifier_and_judge_replies_are_read_like_ssp_minus_its_traps() {
 fn a_shape_rejects_the_parameters_of_another() {
     let error = serde_yaml::from_str::<ProposerReward>("{shape: adversarial, lambda: 0.5}").unwrap_err().to_string();
     assert!(error.contains("unknown field `lambda`"), "{error}");
-    assert_eq!(serde_yaml::from_str::<ProposerReward>("{shape: adversarial}").unwrap(), ProposerReward::Adversarial {});
+    assert_eq!(serde_yaml::from_str::<ProposerReward>("{shape: adversarial}").unwrap(), ProposerReward::Adversarial);
 }

@@ -19,7 +19,7 @@ use crate::columns::{Columns, Reader, schema_of};
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
-use crate::selfplay::rules::{ProposerReward, solver_reward};
+use crate::selfplay::rules::{FrontierReward, ProposerReward, solver_reward};
 
 /// The config of `reward`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -83,7 +83,7 @@ impl Stage for Reward {
 
     fn new(config: RewardConfig) -> Result<Self, Vec<ConfigProblem>> {
         let mut problems = Vec::new();
-        if let ProposerReward::Frontier { lambda, low, high } = config.proposer {
+        if let ProposerReward::Frontier(FrontierReward { lambda, low, high }) = config.proposer {
             if lambda <= 0.0 {
                 problems.push(ConfigProblem::new("proposer.lambda", "the endpoint penalty must be positive"));
             }
@@ -233,11 +233,11 @@ mod tests {
 
     #[test]
     fn a_format_penalty_above_a_valid_proposals_reward_is_refused_unless_allowed() {
-        use crate::selfplay::rules::ProposerReward;
-        let frontier = ProposerReward::Frontier { lambda: 0.5, low: 0.0, high: 1.0 };
+        use crate::selfplay::rules::{IntermediateReward, ProposerReward};
+        let frontier = ProposerReward::Frontier(FrontierReward { lambda: 0.5, low: 0.0, high: 1.0 });
         assert_eq!(frontier.lowest(), -0.5);
-        assert_eq!(ProposerReward::Adversarial {}.lowest(), 0.0);
-        let narrow = ProposerReward::Intermediate { left: 0.0, right: 0.8 };
+        assert_eq!(ProposerReward::Adversarial.lowest(), 0.0);
+        let narrow = ProposerReward::Intermediate(IntermediateReward { left: 0.0, right: 0.8 });
         assert!((narrow.lowest() - 4.0 * 1.0 * (0.8 - 1.0)).abs() < 1e-12);
         let reward = |yaml: &str| {
             <Reward as Stage>::new(serde_yaml::from_str(yaml).unwrap())

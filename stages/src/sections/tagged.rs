@@ -1,0 +1,147 @@
+//! Reading the spec's internally tagged choices (`backend: candle` or `kind: bm25` beside the
+//! chosen variant's settings) so that a problem inside the settings names the setting.
+//!
+//! serde's derive reads the whole map into a buffer before it picks the variant, and errors
+//! from that buffer carry no path: `search: backend: invalid type: string "x", expected usize`,
+//! where a user needs `search: backend: k: ...`. [`deserialize_tagged!`] writes the enum's
+//! `Deserialize` instead: the tag is taken out first, then the variant's settings (a struct of
+//! their own) are read with their paths kept. The enum keeps its `#[serde(tag = ...)]`
+//! attributes for its JSON Schema (and `Serialize`, where it has one).
+
+use serde::de::{DeserializeOwned, Error};
+use serde::{Deserialize, Deserializer};
+
+/// A map whose tag has been taken out: the variant it names, and the rest, its settings.
+pub(crate) struct Tagged {
+    variant: String,
+    settings: serde_yaml::Mapping,
+}
+
+impl Tagged {
+    /// Reads a map and takes out `tag`, which must name one of `variants`.
+    pub(crate) fn read<'de, D: Deserializer<'de>>(
+        deserializer: D,
+        tag: &'static str,
+        variants: &'static [&'static str],
+    ) -> Result<Tagged, D::Error> {
+        let mut settings = serde_yaml::Mapping::deserialize(deserializer)?;
+        let value = settings.remove(tag).ok_or_else(|| D::Error::missing_field(tag))?;
+        // serde's own wording for an unknown variant (`expected `a` or `b``), after the key.
+        let unknown = |found: &str| {
+            D::Error::custom(format!("{tag}: {}", serde::de::value::Error::unknown_variant(found, variants)))
+        };
+        let variant = match value {
+            serde_yaml::Value::String(variant) if variants.contains(&variant.as_str()) => variant,
+            serde_yaml::Value::String(variant) => return Err(unknown(&variant)),
+            other => return Err(unknown(&serde_yaml::to_string(&other).unwrap_or_default().trim_end().to_string())),
+        };
+        Ok(Tagged { variant, settings })
+    }
+
+    /// The variant's name, one of those [`Tagged::read`] was given.
+    pub(crate) fn variant(&self) -> &str {
+        &self.variant
+    }
+
+    /// The settings as `T`; a problem names its setting's path (`dtype: unknown variant ...`).
+    pub(crate) fn settings<T: DeserializeOwned, E: Error>(self) -> Result<T, E> {
+        // Through JSON's value, which reads a map of one key as an enum's variant as serde's
+        // derive does (YAML's value wants a YAML tag there).
+        let settings = serde_json::to_value(self.settings).map_err(E::custom)?;
+        serde_path_to_error::deserialize(settings).map_err(|error| {
+            let path = error.path().to_string();
+            let message = error.into_inner().to_string();
+            // An unknown key's message names it already.
+            if path == "." || message.starts_with(&format!("unknown field `{path}`")) {
+                E::custom(message)
+            } else {
+                E::custom(format!("{path}: {message}"))
+            }
+        })
+    }
+
+    /// For a variant without settings: none may be given.
+    pub(crate) fn no_settings<E: Error>(self) -> Result<(), E> {
+        match self.settings.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(E::custom(format!(
+                "unknown field `{}`: `{}` takes no settings",
+                serde_yaml::to_string(key).unwrap_or_default().trim_end(),
+                self.variant
+            ))),
+        }
+    }
+}
+
+/// `Deserialize` for an internally tagged enum through [`Tagged`]: the enum's type, its tag
+/// key, and each variant's name in specs with its constructor, `Variant(settings)` for a
+/// newtype variant of settings, `Variant` for a unit variant.
+///
+/// ```ignore
+/// deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
+/// ```
+macro_rules! deserialize_tagged {
+    ($type:ident, $tag:literal, { $($name:literal => $variant:ident $(($settings:ident))?),+ $(,)? }) => {
+        impl<'de> serde::Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let tagged = $crate::sections::Tagged::read(deserializer, $tag, &[$($name),+])?;
+                match tagged.variant() {
+                    $($name => $crate::sections::deserialize_tagged!(@variant tagged, $type, $variant $(, $settings)?),)+
+                    _ => unreachable!("Tagged::read keeps only the variants it is given"),
+                }
+            }
+        }
+    };
+    (@variant $tagged:ident, $type:ident, $variant:ident) => {
+        $tagged.no_settings().map(|()| $type::$variant)
+    };
+    (@variant $tagged:ident, $type:ident, $variant:ident, $settings:ident) => {
+        $tagged.settings().map($type::$variant)
+    };
+}
+
+pub(crate) use deserialize_tagged;
+
+#[cfg(test)]
+mod tests {
+    use crate::memory::EmbedderConfig;
+    use crate::search::Backend;
+    use crate::sections::ModelSection;
+    use crate::selfplay::ProposerReward;
+    use crate::train::Method;
+
+    fn error<T: serde::de::DeserializeOwned + std::fmt::Debug>(yaml: &str) -> String {
+        serde_yaml::from_str::<T>(yaml).unwrap_err().to_string()
+    }
+
+    fn assert_starts(error: String, start: &str) {
+        assert!(error.starts_with(start), "{error:?} does not start with {start:?}");
+    }
+
+    #[test]
+    fn a_problem_inside_a_choice_names_its_setting() {
+        assert_starts(error::<ModelSection>("{backend: candle, model: m, dtype: f8}"), "dtype: unknown variant `f8`");
+        assert_starts(error::<Backend>("{kind: bm25, index: [1]}"), "index: invalid type: sequence");
+        assert_starts(error::<ProposerReward>("{shape: frontier, lambda: x}"), "lambda: invalid type: string \"x\"");
+        assert_starts(error::<Method>("{kind: lora, rank: -1, alpha: 1}"), "rank: invalid value: integer `-1`");
+        assert_starts(error::<EmbedderConfig>("{kind: hashed_words, dimension: big}"), "dimension: invalid type");
+    }
+
+    #[test]
+    fn the_tag_must_name_a_choice_and_a_choice_without_settings_takes_none() {
+        assert_starts(error::<Backend>("{kind: bm26}"), "kind: unknown variant `bm26`, expected `bm25` or `retriever`");
+        assert_starts(error::<Backend>("{kind: [bm25]}"), "kind: unknown variant `- bm25`");
+        assert_starts(error::<Backend>("{index: i}"), "missing field `kind`");
+        assert_starts(error::<Method>("{kind: full, rank: 2}"), "unknown field `rank`: `full` takes no settings");
+        assert_starts(
+            error::<Method>("{kind: lora, rank: 2, alpha: 1, rnak: 3}"),
+            "unknown field `rnak`, expected one of",
+        );
+        assert_starts(error::<Method>("{kind: lora, rank: 2}"), "missing field `alpha`");
+        assert_eq!(serde_yaml::from_str::<Method>("{kind: full}").unwrap(), Method::Full);
+        let lora = serde_yaml::from_str::<Method>("{kind: lora, rank: 4, alpha: 8}").unwrap();
+        assert!(matches!(&lora, Method::Lora(lora) if lora.rank == 4 && lora.targets.len() == 7), "{lora:?}");
+        // Written as it is read: the tag beside the settings.
+        assert_eq!(serde_yaml::from_str::<Method>(&serde_yaml::to_string(&lora).unwrap()).unwrap(), lora);
+    }
+}
