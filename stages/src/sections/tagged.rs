@@ -33,7 +33,7 @@ impl Tagged {
         let variant = match value {
             serde_yaml::Value::String(variant) if variants.contains(&variant.as_str()) => variant,
             serde_yaml::Value::String(variant) => return Err(unknown(&variant)),
-            other => return Err(unknown(&serde_yaml::to_string(&other).unwrap_or_default().trim_end().to_string())),
+            other => return Err(unknown(&serde_json::to_string(&other).unwrap_or_default())),
         };
         Ok(Tagged { variant, settings })
     }
@@ -130,7 +130,10 @@ mod tests {
     #[test]
     fn the_tag_must_name_a_choice_and_a_choice_without_settings_takes_none() {
         assert_starts(error::<Backend>("{kind: bm26}"), "kind: unknown variant `bm26`, expected `bm25` or `retriever`");
-        assert_starts(error::<Backend>("{kind: [bm25]}"), "kind: unknown variant `- bm25`");
+        assert_starts(
+            error::<Backend>("{kind: [bm25]}"),
+            "kind: unknown variant `[\"bm25\"]`, expected `bm25` or `retriever`",
+        );
         assert_starts(error::<Backend>("{index: i}"), "missing field `kind`");
         assert_starts(error::<Method>("{kind: full, rank: 2}"), "unknown field `rank`: `full` takes no settings");
         assert_starts(
