@@ -14,9 +14,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::store_tile;
-use rayon::prelude::*;
 
-use super::{LANES, Tile, TileKernel, tiles, use_avx2};
+use super::{LANES, SharedOut, Tile, TileKernel, for_each_chunk_mut, tiles, use_avx2};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -74,7 +73,7 @@ impl Int8Panels {
     /// `out (+)= x · Wᵀ`, see [`super::PackedWeight::matmul`]. The rows of `x` are quantized
     /// first, each on its own, so a row's result does not depend on the others.
     pub(super) fn matmul(&self, x: &[f32], rows: usize, out: &mut [f32], accumulate: bool, threads: usize) {
-        let x = QuantizedRows::new(&x[..rows * self.inputs], self.inputs, self.blocks);
+        let x = QuantizedRows::new(&x[..rows * self.inputs], self.inputs, self.blocks, threads);
         tiles(&Int8Rows { weights: self, x: &x }, rows, self.outputs, out, accumulate, threads);
     }
 
@@ -134,22 +133,23 @@ struct Panel<'a> {
 
 impl QuantizedRows {
     /// Rows in parallel: the product's threads would otherwise wait on this one.
-    fn new(x: &[f32], inputs: usize, blocks: usize) -> QuantizedRows {
+    fn new(x: &[f32], inputs: usize, blocks: usize, threads: usize) -> QuantizedRows {
         let rows = x.len() / inputs;
         let mut values = vec![0i16; rows * blocks * BLOCK];
         let mut scales = vec![0.0f32; rows * blocks];
-        x.par_chunks_exact(inputs)
-            .zip(values.par_chunks_exact_mut(blocks * BLOCK))
-            .zip(scales.par_chunks_exact_mut(blocks))
-            .for_each(|((row, quantized), scales)| {
-                for ((block, quantized), row_scale) in
-                    row.chunks(BLOCK).zip(quantized.chunks_exact_mut(BLOCK)).zip(scales)
-                {
-                    let (scale, inverse) = scale(block, ACTIVATION_LEVELS);
-                    *row_scale = scale;
-                    quantized.iter_mut().zip(block).for_each(|(q, v)| *q = (v * inverse).round() as i16);
-                }
-            });
+        let row_scales = SharedOut::new(&mut scales);
+        for_each_chunk_mut(&mut values, blocks * BLOCK, threads, |r, quantized| {
+            // SAFETY: row r's scales, inside the buffer; each part writes its own row's.
+            let row_scales = unsafe { std::slice::from_raw_parts_mut(row_scales.at(r * blocks), blocks) };
+            let row = &x[r * inputs..][..inputs];
+            for ((block, quantized), row_scale) in
+                row.chunks(BLOCK).zip(quantized.chunks_exact_mut(BLOCK)).zip(row_scales)
+            {
+                let (scale, inverse) = scale(block, ACTIVATION_LEVELS);
+                *row_scale = scale;
+                quantized.iter_mut().zip(block).for_each(|(q, v)| *q = (v * inverse).round() as i16);
+            }
+        });
         QuantizedRows { values, scales, blocks }
     }
 
@@ -266,7 +266,7 @@ mod tests {
         // 77 inputs: two whole blocks and a padded one; 20 outputs: a padded second panel.
         let (inputs, outputs) = (77, 20);
         let weights = Int8Panels::new(&values(inputs * outputs, 104_729), inputs, outputs);
-        let x = QuantizedRows::new(&values(TILE_ROWS * inputs, 7919), inputs, weights.blocks);
+        let x = QuantizedRows::new(&values(TILE_ROWS * inputs, 7919), inputs, weights.blocks, 2);
         for p in 0..2 {
             let panel = weights.panel(p);
             fn both<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {

@@ -5,14 +5,15 @@
 //! Weight matrices are packed once at load, in the [`Precision`] a model asks for: F32 panels
 //! (`f32_panels`), or int8 values with a scale per 32 inputs (`int8_panels`). Both are
 //! multiplied tile by tile through one driver, [`tiles`], which owns the threading and the
-//! order of the output writes.
+//! order of the output writes. Its parts, and the forward pass's other parallel loops, run
+//! through `parallel`'s fork-join, whose helpers spin between loops.
 
 mod attention;
 mod exp;
 mod f32_panels;
 mod int8_panels;
+mod parallel;
 
-use rayon::prelude::*;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,8 @@ pub(crate) use self::attention::{KvHead, KvValue, attend};
 pub(crate) use self::exp::{exp, exp_in_place};
 use self::f32_panels::F32Panels;
 use self::int8_panels::Int8Panels;
+use self::parallel::SharedOut;
+pub(crate) use self::parallel::for_each_chunk_mut;
 
 /// Output columns per panel of a [`PackedWeight`]: two 8-lane registers.
 const LANES: usize = 16;
@@ -159,7 +162,7 @@ fn tiles<K: TileKernel>(kernel: &K, rows: usize, outputs: usize, out: &mut [f32]
     let panels = outputs.div_ceil(LANES);
     let parts = threads.clamp(1, (panels / MIN_PANELS).max(1));
     let per_part = panels.div_ceil(parts);
-    let shared = SharedOut(out.as_mut_ptr());
+    let shared = SharedOut::new(out);
     let part = |part: usize| {
         let panel_range = part * per_part..((part + 1) * per_part).min(panels);
         for block in (0..rows).step_by(ROW_BLOCK) {
@@ -195,11 +198,7 @@ fn tiles<K: TileKernel>(kernel: &K, rows: usize, outputs: usize, out: &mut [f32]
             }
         }
     };
-    if parts == 1 {
-        part(0);
-    } else {
-        (0..parts).into_par_iter().for_each(part);
-    }
+    parallel::for_each_part(parts, threads, &part);
 }
 
 /// Stores a vector kernel's two accumulators per row into the rows of `sums`.
@@ -213,21 +212,6 @@ fn store_tile(acc: &[[std::arch::x86_64::__m256; 2]], sums: &mut Tile) {
             _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
             _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
         }
-    }
-}
-
-/// The output buffer shared by the parts of [`tiles`], which write disjoint columns.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-
-// SAFETY: see `tiles`: parts write disjoint elements.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn at(self, offset: usize) -> *mut f32 {
-        // SAFETY: callers pass an offset inside the buffer.
-        unsafe { self.0.add(offset) }
     }
 }
 

@@ -13,11 +13,11 @@
 //! breaking "same seed, same trajectory", and what lets decoding put all live sequences
 //! through one projection per layer.
 
-use rayon::prelude::*;
-
 use half::f16;
 
-use crate::kernels::{Dense, KvCacheDtype, KvHead, KvValue, PackedWeight, Precision, add_assign, attend, exp_in_place};
+use crate::kernels::{
+    Dense, KvCacheDtype, KvHead, KvValue, PackedWeight, Precision, add_assign, attend, exp_in_place, for_each_chunk_mut,
+};
 use crate::weights::{LlamaShape, LlamaWeights};
 
 struct Block {
@@ -190,6 +190,11 @@ impl LlamaModel {
         }
     }
 
+    /// The threads its parallel loops run on.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// The vocabulary size.
     pub(crate) fn vocabulary(&self) -> usize {
         self.embedding.len() / self.shape.hidden
@@ -253,7 +258,8 @@ impl LlamaModel {
             let caches: Vec<&KvLayer> = chunks.iter().map(|c| &c.cache.layers[l]).collect();
             let group = heads / kv_heads;
             let scale = 1.0 / (head_dim as f32).sqrt();
-            attended.par_chunks_mut(hidden).enumerate().for_each_init(Vec::new, |scores, (r, out)| {
+            for_each_chunk_mut(&mut attended, hidden, threads, |r, out| {
+                let scores = &mut Vec::new();
                 let (c, position) = rows[r];
                 let queries = &qkv[r * qkv_width..][..hidden];
                 for (kv_head, (queries, out)) in
@@ -278,8 +284,8 @@ impl LlamaModel {
             block.gate_up.forward(&normed, n, &mut gate_up, threads);
             activated.resize(n * ffn, 0.0);
             // SiLU(gate) · up, rows in parallel (one exp per element, a row's at once).
-            activated.par_chunks_mut(ffn).zip(gate_up.par_chunks(2 * ffn)).for_each(|(out, row)| {
-                let (gate, up) = row.split_at(ffn);
+            for_each_chunk_mut(&mut activated, ffn, threads, |r, out| {
+                let (gate, up) = gate_up[r * 2 * ffn..][..2 * ffn].split_at(ffn);
                 out.iter_mut().zip(gate).for_each(|(o, g)| *o = -g);
                 exp_in_place(out);
                 for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {

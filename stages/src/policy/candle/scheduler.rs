@@ -14,11 +14,11 @@ use llguidance::Matcher;
 use llguidance::api::TopLevelGrammar;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use rayon::prelude::*;
 use tokio::sync::oneshot;
 
 use super::Inner;
 use super::llama::{Chunk, KvCache, LlamaModel};
+use crate::kernels::for_each_chunk_mut;
 use crate::policy::sampling::sample;
 use crate::policy::{FinishReason, Generation, GenerationRequest, PolicyError};
 
@@ -177,19 +177,15 @@ impl Inner {
     /// many stopped at a stop string.
     fn advance(&self, model: &LlamaModel, running: &mut Vec<Sequence>, sessions: &mut Sessions) -> usize {
         // A failing forward pass, or a bug that panics, fails the requests of this step; the
-        // scheduler lives on for the next calls. The step runs on one of rayon's threads: its
-        // many short parallel loops (several a layer) are then shared with the other workers,
-        // rather than each handed to the pool from outside while this thread sleeps until it
-        // ends.
-        let stepped =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rayon::scope(|_| self.step(model, running))))
-                .unwrap_or_else(|panic| {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned());
-                    Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
-                });
+        // scheduler lives on for the next calls.
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(model, running)))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned());
+                Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
+            });
         if let Err(message) = stepped {
             for sequence in running.drain(..) {
                 let _ = sequence.reply.send(Err(self.error(&message)));
@@ -328,8 +324,11 @@ impl Inner {
                 None => next.push(logits.next().expect("one row of logits per fed sequence")),
             }
         }
-        running.par_iter_mut().zip(next).for_each(|(sequence, logits)| {
-            if let Err(message) = self.pick(sequence, logits) {
+        // Through the forward pass's fork-join, whose helpers are still spinning from it.
+        let mut picks: Vec<(&mut Sequence, Vec<f32>)> = running.iter_mut().zip(next).collect();
+        for_each_chunk_mut(&mut picks, 1, model.threads(), |_, pick| {
+            let (sequence, logits) = &mut pick[0];
+            if let Err(message) = self.pick(sequence, std::mem::take(logits)) {
                 sequence.failure = Some(message);
             }
         });

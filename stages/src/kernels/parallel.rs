@@ -1,0 +1,246 @@
+//! The product kernels' fork-join: helper threads that spin between calls instead of sleeping.
+//!
+//! A decoding step runs about ten short parallel loops per layer (300 for SmolLM2), each a
+//! fraction of a millisecond. Rayon's idle workers go to sleep after a few rounds of yielding,
+//! and waking one costs tens of microseconds on a virtual machine, paid at every loop: measured,
+//! one core decoded 1 to 4 sequences as fast as two. Here the helpers spin for a while after
+//! each call (the next loop of the step comes within microseconds), then park until woken.
+//! Parts are handed out one at a time from a counter, so a helper that starts late, or a core
+//! the machine slows, takes fewer.
+//!
+//! Which part runs where never changes a result: parts write disjoint outputs.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle helper spins before it parks.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// Runs `work(part)` for every part in `0..parts` on the calling thread and up to
+/// `threads - 1` helpers, and returns when all have run. When another call holds the helpers
+/// (two models multiplying at once), this one runs its parts on rayon's pool instead.
+pub(crate) fn for_each_part(parts: usize, threads: usize, work: &(dyn Fn(usize) + Sync)) {
+    if parts <= 1 || threads <= 1 {
+        (0..parts).for_each(work);
+        return;
+    }
+    let pool = Pool::get();
+    let Ok(_held) = pool.busy.try_lock() else {
+        use rayon::prelude::*;
+        (0..parts).into_par_iter().for_each(work);
+        return;
+    };
+    // SAFETY: the lifetime is erased so that helpers can hold the job; `work` is only called
+    // for parts below `parts`, and this function returns only after all of those have ended.
+    let work: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(work) };
+    let job = Arc::new(Job {
+        work,
+        parts,
+        helpers: threads - 1,
+        next: AtomicUsize::new(0),
+        ended: AtomicUsize::new(0),
+        panicked: AtomicBool::new(false),
+    });
+    *pool.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job.clone());
+    pool.generation.fetch_add(1, Ordering::Release);
+    for helper in pool.helpers.iter().take(threads - 1) {
+        helper.unpark();
+    }
+    job.run_parts();
+    while job.ended.load(Ordering::Acquire) < parts {
+        std::hint::spin_loop();
+    }
+    // Late helpers find the counter past the end and never call `work`.
+    *pool.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    if job.panicked.load(Ordering::Relaxed) {
+        panic!("a parallel part of a product kernel panicked");
+    }
+}
+
+/// `work(index, chunk)` for every `size`-long chunk of `data` (the last may be shorter), the
+/// chunks run as the parts of [`for_each_part`].
+pub(crate) fn for_each_chunk_mut<T: Send>(
+    data: &mut [T],
+    size: usize,
+    threads: usize,
+    work: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let len = data.len();
+    let shared = SharedOut::new(data);
+    for_each_part(len.div_ceil(size.max(1)), threads, &|part| {
+        let start = part * size;
+        // SAFETY: the parts' chunks are disjoint and inside `data`, which outlives the call.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(shared.at(start), size.min(len - start)) };
+        work(part, chunk);
+    });
+}
+
+/// A buffer the parts of one call write, each its own elements.
+pub(crate) struct SharedOut<T>(*mut T);
+
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SharedOut<T> {}
+
+// SAFETY: parts write disjoint elements (each caller says why).
+unsafe impl<T: Send> Send for SharedOut<T> {}
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
+    pub(crate) fn new(data: &mut [T]) -> SharedOut<T> {
+        SharedOut(data.as_mut_ptr())
+    }
+
+    /// The element at `offset`.
+    pub(crate) fn at(self, offset: usize) -> *mut T {
+        // SAFETY: callers pass an offset inside the buffer.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// One call's parts.
+struct Job {
+    work: &'static (dyn Fn(usize) + Sync),
+    parts: usize,
+    /// Helpers allowed to join.
+    helpers: usize,
+    /// The next part to hand out.
+    next: AtomicUsize,
+    /// Parts that have ended.
+    ended: AtomicUsize,
+    panicked: AtomicBool,
+}
+
+impl Job {
+    /// Takes parts until none are left.
+    fn run_parts(&self) {
+        loop {
+            let part = self.next.fetch_add(1, Ordering::Relaxed);
+            if part >= self.parts {
+                return;
+            }
+            if catch_unwind(AssertUnwindSafe(|| (self.work)(part))).is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+            self.ended.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// The helpers, started on first use: one fewer than the cores.
+struct Pool {
+    /// Held by the call that uses the helpers.
+    busy: Mutex<()>,
+    /// The current call's job, if any.
+    job: Mutex<Option<Arc<Job>>>,
+    /// Bumped at every call: what spinning helpers watch.
+    generation: AtomicU64,
+    helpers: Vec<Thread>,
+}
+
+impl Pool {
+    fn get() -> &'static Pool {
+        static POOL: OnceLock<Pool> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let count = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1);
+            // Each helper starts by asking for the pool, which waits until this returns.
+            let helpers = (0..count)
+                .map(|index| {
+                    std::thread::Builder::new()
+                        .name(format!("sesa-kernel-{index}"))
+                        .spawn(move || helper(index, Pool::get()))
+                        .expect("a kernel helper thread")
+                        .thread()
+                        .clone()
+                })
+                .collect();
+            Pool { busy: Mutex::new(()), job: Mutex::new(None), generation: AtomicU64::new(0), helpers }
+        })
+    }
+}
+
+/// A helper's life: wait for a new generation (spinning, then parked), join its job.
+fn helper(index: usize, pool: &'static Pool) {
+    let mut seen = 0;
+    loop {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        let generation = loop {
+            let generation = pool.generation.load(Ordering::Acquire);
+            if generation != seen {
+                break generation;
+            }
+            spins += 1;
+            if spins % 64 != 0 || started.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park();
+            }
+        };
+        seen = generation;
+        let job = pool.job.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(job) = job.filter(|job| index < job.helpers) {
+            job.run_parts();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_runs_once_whoever_calls() {
+        let counts: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+        let count = |part: usize| {
+            counts[part].fetch_add(1, Ordering::Relaxed);
+        };
+        for threads in [1, 2, 3] {
+            for_each_part(37, threads, &count);
+        }
+        // Two callers at once: one has the helpers, the other goes to rayon's pool.
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| (0..50).for_each(|_| for_each_part(37, 2, &count)));
+            }
+        });
+        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 103), "{counts:?}");
+    }
+
+    #[test]
+    fn chunks_cover_the_data_and_the_last_may_be_short() {
+        let mut data = vec![0usize; 23];
+        for_each_chunk_mut(&mut data, 5, 2, |index, chunk| {
+            assert!(chunk.len() == 5 || (index == 4 && chunk.len() == 3), "chunk {index}: {}", chunk.len());
+            chunk.iter_mut().enumerate().for_each(|(i, v)| *v = index * 5 + i);
+        });
+        assert_eq!(data, (0..23).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_panicking_part_panics_the_caller_after_every_part_ended_and_the_helpers_stay_usable() {
+        let ended = AtomicUsize::new(0);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            for_each_part(8, 2, &|part| {
+                if part == 3 {
+                    panic!("part 3");
+                }
+                ended.fetch_add(1, Ordering::Relaxed);
+            })
+        }));
+        assert!(outcome.is_err());
+        assert_eq!(ended.load(Ordering::Relaxed), 7);
+        let after = AtomicUsize::new(0);
+        for_each_part(8, 2, &|_| {
+            after.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(after.load(Ordering::Relaxed), 8);
+    }
+}
