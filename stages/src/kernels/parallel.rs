@@ -71,11 +71,9 @@ struct WaitForParts<'a>(&'a Job);
 
 impl Drop for WaitForParts<'_> {
     fn drop(&mut self) {
-        let started = Instant::now();
-        let mut looks = 0u32;
+        let mut spin = Spin::new();
         while self.0.ended.load(Ordering::Acquire) < self.0.parts {
-            looks = looks.wrapping_add(1);
-            if looks % 64 == 0 && started.elapsed() >= SPIN {
+            if spin.long() {
                 // The last part's helper may have lost its core: let it have this one.
                 std::thread::yield_now();
             } else {
@@ -131,6 +129,24 @@ impl<T> SharedOut<T> {
     pub(crate) unsafe fn at(self, offset: usize) -> *mut T {
         // SAFETY: the caller's.
         unsafe { self.0.add(offset) }
+    }
+}
+
+/// A wait's looks at what it waits for: spinning, until it has gone on for [`SPIN`].
+struct Spin {
+    started: Instant,
+    looks: u32,
+}
+
+impl Spin {
+    fn new() -> Spin {
+        Spin { started: Instant::now(), looks: 0 }
+    }
+
+    /// Whether the wait has spun long enough (the clock is read every 64 looks).
+    fn long(&mut self) -> bool {
+        self.looks = self.looks.wrapping_add(1);
+        self.looks.is_multiple_of(64) && self.started.elapsed() >= SPIN
     }
 }
 
@@ -221,18 +237,16 @@ impl Drop for Held<'_> {
 fn helper(index: usize, pool: &'static Pool) {
     let mut seen = 0;
     loop {
-        let started = Instant::now();
-        let mut spins = 0u32;
+        let mut spin = Spin::new();
         let generation = loop {
             let generation = pool.generation.load(Ordering::Acquire);
             if generation != seen {
                 break generation;
             }
-            spins += 1;
-            if spins % 64 != 0 || started.elapsed() < SPIN {
-                std::hint::spin_loop();
-            } else {
+            if spin.long() {
                 std::thread::park();
+            } else {
+                std::hint::spin_loop();
             }
         };
         seen = generation;
