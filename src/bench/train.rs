@@ -3,11 +3,6 @@
 
 use anyhow::Result;
 
-/// The benchmark's token ids: a fixed sequence both sesa and `benches/train_torch.py` compute.
-fn bench_tokens(count: usize, vocabulary: usize) -> Vec<u32> {
-    (0..count as u64).map(|i| ((i * 7919 + 13) % vocabulary as u64) as u32).collect()
-}
-
 /// `sesa bench-train`.
 pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize, scored: f64) -> Result<u8> {
     use sesa_stages::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
@@ -25,7 +20,7 @@ pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize,
         .await?
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(move || {
-        let ids = bench_tokens(tokens, files.weights.shape.vocabulary);
+        let ids = sesa_stages::policy::bench_token_ids(tokens, files.weights.shape.vocabulary);
         let first_scored = tokens - ((tokens - 1) as f64 * scored.clamp(0.0, 1.0)).round() as usize;
         let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
         let sequence = TrainSequence { tokens: ids, mask };

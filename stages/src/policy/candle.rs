@@ -33,7 +33,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokenizers::Tokenizer;
 
-pub use self::decode_bench::{DecodingTiming, bench_decoding, dense_macs_per_token};
+pub use self::decode_bench::{DecodingTiming, bench_decoding, bench_token_ids, dense_macs_per_token};
 use self::llama::LlamaModel;
 use self::scheduler::{Message, Sessions, Submitted};
 use super::chat::TemplateSource;

@@ -17,7 +17,9 @@ mod scripted;
 
 use futures::future::BoxFuture;
 
-pub use self::candle::{CandleConfig, CandlePolicy, DecodingTiming, ModelFiles, bench_decoding, dense_macs_per_token};
+pub use self::candle::{
+    CandleConfig, CandlePolicy, DecodingTiming, ModelFiles, bench_decoding, bench_token_ids, dense_macs_per_token,
+};
 pub use self::chat::{ChatFormat, ChatMessage, ChatTemplate};
 pub use self::mistralrs::MistralRsConfig;
 #[cfg(feature = "mistralrs")]

@@ -22,10 +22,16 @@ pub struct DecodingTiming {
 
 /// Multiply-adds of the dense products (the projections and the output head) for one token.
 pub fn dense_macs_per_token(shape: &LlamaShape) -> u64 {
-    let LlamaShape { hidden, ffn, vocabulary, layers, .. } = *shape;
-    let kv_width = shape.kv_width();
-    let block = hidden * (hidden + 2 * kv_width) + hidden * hidden + hidden * 2 * ffn + ffn * hidden;
-    (layers * block + hidden * vocabulary) as u64
+    // A block's matrices (norms are single rows: no product).
+    let block: usize =
+        shape.block_dims().iter().filter(|(rows, _)| *rows > 1).map(|(rows, columns)| rows * columns).sum();
+    (shape.layers * block + shape.hidden * shape.vocabulary) as u64
+}
+
+/// The token ids sesa's benchmarks feed: a fixed sequence that is not all alike (so that
+/// attention weighs keys that differ), which `benches/train_torch.py` computes too.
+pub fn bench_token_ids(count: usize, vocabulary: usize) -> Vec<u32> {
+    (0..count as u64).map(|i| ((i * 7919 + 13) % vocabulary as u64) as u32).collect()
 }
 
 /// Times `steps` decoding steps for each batch size in `rows`: that many sequences, each with
@@ -42,10 +48,11 @@ pub fn bench_decoding(
     if context == 0 || context >= weights.shape.context {
         return Err(format!("the context must be 1 to {} tokens, not {context}", weights.shape.context - 1));
     }
+    if rows.contains(&0) {
+        return Err("batch sizes start at 1".into());
+    }
     let model = LlamaModel::new(weights, precision, kv_cache_dtype);
-    // Tokens that are not all alike, so that attention weighs keys that differ.
-    let vocabulary = model.vocabulary();
-    let tokens: Vec<u32> = (0..=context).map(|i| ((i * 7919 + 13) % vocabulary) as u32).collect();
+    let tokens = bench_token_ids(context + 1, model.vocabulary());
     let mut prefilled = KvCache::default();
     model.forward(&mut [Chunk { cache: &mut prefilled, tokens: &tokens[..context] }]).map_err(|e| e.0)?;
     let next = [tokens[context]];
@@ -89,7 +96,7 @@ mod tests {
     }
 
     #[test]
-    fn every_batch_size_is_timed_in_order_and_bad_contexts_are_refused() {
+    fn every_batch_size_is_timed_in_order_and_bad_contexts_or_sizes_are_refused() {
         let weights = random(tiny_shape(), true, 3);
         let timings = bench_decoding(&weights, Precision::Int8, KvCacheDtype::F16, &[3, 1], 10, 5).unwrap();
         assert_eq!(timings.iter().map(|t| t.rows).collect::<Vec<_>>(), [3, 1]);
@@ -98,5 +105,7 @@ mod tests {
             let error = bench_decoding(&weights, Precision::F32, KvCacheDtype::F32, &[1], context, 1).unwrap_err();
             assert_eq!(error, format!("the context must be 1 to 63 tokens, not {context}"));
         }
+        let error = bench_decoding(&weights, Precision::F32, KvCacheDtype::F32, &[2, 0], 10, 1).unwrap_err();
+        assert_eq!(error, "batch sizes start at 1");
     }
 }
