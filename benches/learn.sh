@@ -13,14 +13,17 @@
 # 2. Export of the warm start; RL starts from it, so its KL is anchored to the warm start and
 #    not to SmolLM2 as published.
 # 3. RL for STEPS steps (default 10, evaluated every EVERY steps, default 5): 8 rollouts a
-#    question at temperature 1.0, lr 2e-5, the solver trained alone (the proposer keeps the warm
-#    start's weights), both served in int8 (the trainer stays F32), and invalid proposals
-#    replaced by training-world questions of one and two hops (the depths the warm start was
-#    shown; the held-out tail excluded).
+#    question at temperature 1.0, the solver trained alone (the proposer keeps the warm start's
+#    weights), both served in int8 (the trainer stays F32), and invalid proposals replaced by
+#    training-world questions of one and two hops (the depths the warm start was shown; the
+#    held-out tail excluded). METHOD=lora (the default) trains LoRA adapters of rank 16 on all
+#    seven projections at lr 2e-4, served merged; METHOD=full trains every weight at lr 2e-5
+#    (LR overrides either).
 # 4. benches/learn_report.py: per-hop curves, paired bootstrap against the frozen warm start.
 #
-# Writes runs under $STORE (default runs-learn) and the picture to $STORE/learn.png.
-# Needs `pip install duckdb matplotlib`.
+# Writes runs under $STORE (default runs-learn) and the picture to $STORE/learn-$METHOD.png.
+# WARM_RUN=runs-learn/<id> skips steps 1 and 2 and starts RL from that run's export in $STORE/warm.
+# Installs duckdb and matplotlib from PyPI on first use (the report reads and draws with them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sesa/target}"
@@ -30,6 +33,14 @@ EVAL_LIMIT="${EVAL_LIMIT:-300}"
 STEPS="${STEPS:-10}"
 EVERY="${EVERY:-5}"
 STORE="${STORE:-runs-learn}"
+METHOD="${METHOD:-lora}"
+case "$METHOD" in
+  lora) TRAINER="{kind: lora, rank: 16, alpha: 32}"; LR="${LR:-2.0e-4}" ;;
+  full) TRAINER="{kind: full}"; LR="${LR:-2.0e-5}" ;;
+  *) echo "METHOD must be lora or full, not $METHOD" >&2; exit 2 ;;
+esac
+WARM_RUN="${WARM_RUN:-}"
+python3 -m pip install --quiet --disable-pip-version-check duckdb matplotlib
 cargo build --locked --features mistralrs --bin sesa
 sesa="$CARGO_TARGET_DIR/debug/sesa"
 mkdir -p "$STORE"
@@ -37,36 +48,42 @@ started=$(date +%s)
 clock() { echo "[$(( $(date +%s) - started )) s] $*"; }
 run_id() { grep -o "→ .*" "$1" | head -1 | cut -c5-; }
 
-clock "warm start: $LIMIT demonstrations"
-"$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
-  --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
-  --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
-  --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
-  --set stages.propose=null --set stages.verify=null --set stages.solve=null \
-  --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
-  || { tail -20 "$STORE/warm.log"; exit 1; }
-warm_run=$(run_id "$STORE/warm.log")
-python3 benches/learn_report.py "$warm_run" --benchmark train_val
+if [ -n "$WARM_RUN" ]; then
+  # A warm start made before (by this script, with the same LIMIT and VAL): RL alone from it.
+  warm_run="$WARM_RUN"
+else
+  clock "warm start: $LIMIT demonstrations"
+  "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
+    --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
+    --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
+    --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
+    --set stages.propose=null --set stages.verify=null --set stages.solve=null \
+    --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
+    || { tail -20 "$STORE/warm.log"; exit 1; }
+  warm_run=$(run_id "$STORE/warm.log")
+  python3 benches/learn_report.py "$warm_run" --benchmark train_val
 
-clock "export"
-"$sesa" model export "$warm_run" --version 1 --out "$STORE/warm"
+  clock "export"
+  "$sesa" model export "$warm_run" --version 1 --out "$STORE/warm"
+fi
 total=$(wc -l <data/world-train/questions.jsonl)
 head -n "$(( total - VAL ))" data/world-train/questions.jsonl \
   | python3 -c 'import json, sys; sys.stdout.writelines(l for l in sys.stdin if json.loads(l)["hops"] <= 2)' \
   >"$STORE/substitutes.jsonl"
 
-clock "RL: $STEPS steps"
+clock "RL: $STEPS steps, $METHOD at lr $LR"
 "$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" \
   --set model.model="$STORE/warm" --set model.dtype=int8 \
   --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
   --set stages.eval.schedule="{every: $EVERY}" \
   --set stages.eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
   --set stages.solve.n_rollouts=8 --set agent.sampling.temperature=1.0 \
-  --set stages.update.optimizer.lr=2.0e-5 --set 'stages.update.roles=[solver]' \
-  --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" >"$STORE/rl.log" 2>&1 \
-  || { tail -20 "$STORE/rl.log"; exit 1; }
-rl_run=$(run_id "$STORE/rl.log")
+  --set trainer.method="$TRAINER" \
+  --set stages.update.optimizer.lr="$LR" --set 'stages.update.roles=[solver]' \
+  --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" >"$STORE/rl-$METHOD.log" 2>&1 \
+  || { tail -20 "$STORE/rl-$METHOD.log"; exit 1; }
+rl_run=$(run_id "$STORE/rl-$METHOD.log")
 
 clock "report"
-python3 benches/learn_report.py "$rl_run" --frozen-run "$warm_run" --plot "$STORE/learn.png"
+python3 benches/learn_report.py "$rl_run" --frozen-run "$warm_run" --plot "$STORE/learn-$METHOD.png"
 clock "done: $warm_run, $rl_run"

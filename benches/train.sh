@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training speed: sesa's trainer beside PyTorch on the same computation (SmolLM2-135M, one
-# sequence of T tokens, loss on every position, AdamW), full fine-tuning and LoRA r = 16.
+# sequence of T tokens, loss on every position, AdamW), full fine-tuning and LoRA r = 16; then
+# sesa alone on a GRPO group whose prompt is shared.
 #   SESA=target/release/sesa benches/train.sh [T]
 # Installs torch, transformers, peft and gguf from PyPI on first use.
 set -euo pipefail
@@ -17,4 +18,10 @@ for method in full lora; do
   "$SESA" bench-train --model smollm2-135m-instruct --tokens "$T" --method "$method" --steps 3 --scored 0.25
   echo "== PyTorch, $method, T=$T"
   python3 benches/train_torch.py "$model_dir" --gguf "$gguf" --tokens "$T" --method "$method" --steps 3
+done
+# A GRPO group as the learning recipe trains it: 8 rollouts of 480 tokens whose first 120 (the
+# prompt) are the same, trained with the prompt run once and apart, alternated (sesa alone).
+for method in full lora; do
+  echo "== sesa, $method, a group of 8 × 480 tokens sharing a 120-token prompt"
+  "$SESA" bench-train --model smollm2-135m-instruct --tokens 480 --group 8 --prompt 120 --method "$method" --steps 3
 done

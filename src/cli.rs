@@ -247,6 +247,14 @@ enum Command {
         /// Score only this fraction of positions (the last ones), as a loss mask does.
         #[arg(long, default_value_t = 1.0)]
         scored: f64,
+        /// Train a GRPO group of this many sequences of `--tokens` each, sharing their first
+        /// `--prompt` tokens and scored after them; each step runs the group with its prompt
+        /// shared, then apart (a micro-batch per sequence), alternated.
+        #[arg(long, default_value_t = 1)]
+        group: usize,
+        /// Tokens of the prompt a `--group` shares.
+        #[arg(long, default_value_t = 0)]
+        prompt: usize,
     },
     /// Act as an external trainer (the `update` stage's `external:` contract) with sesa's own
     /// trainer: train on the batch of MANIFEST, write the new weights as a Hugging Face
@@ -659,8 +667,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             crate::bench::bench_decoding(&model, dtype, kv_cache_dtype, &rows, context, steps).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
-        Command::BenchTrain { model, tokens, method, steps, scored } => {
-            crate::bench::bench_train(&model, tokens, &method, steps, scored).await
+        Command::BenchTrain { model, tokens, method, steps, scored, group, prompt } => {
+            crate::bench::bench_train(crate::bench::TrainBench { model, tokens, method, steps, scored, group, prompt })
+                .await
         }
         Command::TrainExternal { manifest, model, proposer_model, micro_batch_tokens } => {
             let model = sesa_stages::sections::local_model(&model).await?;

@@ -12,4 +12,4 @@ pub use self::decoding::bench_decoding;
 pub use self::index::bench_index;
 pub use self::rollouts::bench_rollouts;
 pub use self::skills::bench_skills;
-pub use self::train::bench_train;
+pub use self::train::{TrainBench, bench_train};

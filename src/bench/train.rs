@@ -1,12 +1,32 @@
 //! `sesa bench-train`: one training step (forward, backward, AdamW), as `benches/train.sh`
-//! runs it in PyTorch beside it.
+//! runs it in PyTorch beside it; with `--group`, a GRPO group's rollouts of one prompt trained
+//! with the prompt shared and apart, alternated.
 
 use anyhow::Result;
+use sesa_stages::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
+
+/// What `sesa bench-train` measures.
+pub struct TrainBench {
+    /// A GGUF file, a Hugging Face directory or a known model's name.
+    pub model: String,
+    /// Tokens of each sequence.
+    pub tokens: usize,
+    /// `full` or `lora`.
+    pub method: String,
+    /// Optimizer steps to time.
+    pub steps: usize,
+    /// The fraction of positions scored (one sequence).
+    pub scored: f64,
+    /// Sequences of one group (1: a single sequence).
+    pub group: usize,
+    /// Tokens of the prompt a group's sequences share (scored from there on).
+    pub prompt: usize,
+}
 
 /// `sesa bench-train`.
-pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize, scored: f64) -> Result<u8> {
-    use sesa_stages::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
-    let method = match method {
+pub async fn bench_train(bench: TrainBench) -> Result<u8> {
+    let TrainBench { model, tokens, method, steps, scored, group, prompt } = bench;
+    let method = match method.as_str() {
         "full" => Method::Full,
         "lora" => Method::Lora(LoraMethod {
             rank: 16,
@@ -15,41 +35,74 @@ pub async fn bench_train(model: &str, tokens: usize, method: &str, steps: usize,
         }),
         other => anyhow::bail!("--method must be `full` or `lora`, not `{other}`"),
     };
-    let source = sesa_stages::sections::local_model(model).await?;
+    if group == 0 {
+        anyhow::bail!("--group must be at least 1");
+    }
+    if group > 1 && !(1..tokens).contains(&prompt) {
+        anyhow::bail!("--prompt must be between 1 and --tokens − 1 ({}) with --group, not {prompt}", tokens - 1);
+    }
+    let source = sesa_stages::sections::local_model(&model).await?;
     let files = tokio::task::spawn_blocking(move || sesa_stages::policy::ModelFiles::read(&source))
         .await?
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(move || {
-        let ids = sesa_stages::policy::bench_token_ids(tokens, files.weights.shape.vocabulary);
-        let first_scored = tokens - ((tokens - 1) as f64 * scored.clamp(0.0, 1.0)).round() as usize;
-        let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
-        let sequence = TrainSequence { tokens: ids, mask };
+        let vocabulary = files.weights.shape.vocabulary;
+        let ids = sesa_stages::policy::bench_token_ids(tokens, vocabulary);
+        let sequences: Vec<TrainSequence> = if group == 1 {
+            let first_scored = tokens - ((tokens - 1) as f64 * scored.clamp(0.0, 1.0)).round() as usize;
+            let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
+            vec![TrainSequence { tokens: ids, mask }]
+        } else {
+            // Each rollout continues the shared prompt with tokens of its own.
+            (0..group)
+                .map(|r| {
+                    let own = sesa_stages::policy::bench_token_ids(tokens + r * 101, vocabulary);
+                    let mut sequence = ids[..prompt].to_vec();
+                    sequence.extend(&own[own.len() - (tokens - prompt)..]);
+                    let mask = (0..tokens).map(|i| u8::from(i >= prompt)).collect();
+                    TrainSequence { tokens: sequence, mask }
+                })
+                .collect()
+        };
         let mut model = TrainModel::new(files.weights);
         if let Method::Lora(LoraMethod { rank, alpha, targets }) = &method {
             model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
         }
         let trained: usize = model.trained().iter().map(|t| t.len()).sum();
-        let mut trainer = Trainer::new(model, tokens);
+        let all_tokens = group * tokens;
+        let scored_total: usize = sequences.iter().map(|s| s.positions().len()).sum();
+        println!("training {group} × {tokens} tokens, {scored_total} scored, {trained} trained parameters");
+        // Shared: the whole group in one micro-batch. Apart: a micro-batch per sequence, which
+        // cannot share (the same gradient, summed over micro-batches).
+        let layouts: &[(&str, usize)] = if group == 1 { &[("", all_tokens)] } else { &[("shared", all_tokens), ("apart", tokens)] };
+        let mut trainer = Trainer::new(model, all_tokens);
         let optimizer = OptimizerConfig::adamw(1e-5);
-        println!("training {tokens} tokens, {} scored, {trained} trained parameters", sequence.positions().len());
-        let mut times = Vec::new();
+        let mut times = vec![Vec::new(); layouts.len()];
         for step in 0..steps.max(1) {
-            let clock = std::time::Instant::now();
-            let report = trainer.supervised_step(std::slice::from_ref(&sequence), &optimizer, 1e-5)?;
-            let seconds = clock.elapsed().as_secs_f64();
-            let loss = report.micro_batches[0].loss / report.micro_batches[0].scored as f64;
-            println!(
-                "step {}: {seconds:.2} s ({:.1} tokens/s), loss {loss:.5}, forward+backward {:.2} s, optimizer {:.2} s",
-                step + 1,
-                tokens as f64 / seconds,
-                report.micro_batches[0].wall_ms / 1e3,
-                report.optimizer_ms / 1e3,
-            );
-            times.push(seconds);
+            for (layout, (name, budget)) in layouts.iter().enumerate() {
+                trainer.micro_batch_tokens = *budget;
+                let clock = std::time::Instant::now();
+                let report = trainer.supervised_step(&sequences, &optimizer, 1e-5)?;
+                let seconds = clock.elapsed().as_secs_f64();
+                let rows: usize = report.micro_batches.iter().map(|m| m.tokens).sum();
+                let forward_backward: f64 = report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>() / 1e3;
+                let loss = report.micro_batches.iter().map(|m| m.loss).sum::<f64>() / scored_total.max(1) as f64;
+                let label = if name.is_empty() { String::new() } else { format!(" {name}") };
+                println!(
+                    "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s",
+                    step + 1,
+                    all_tokens as f64 / seconds,
+                    report.optimizer_ms / 1e3,
+                );
+                times[layout].push(seconds);
+            }
         }
-        let steady: Vec<f64> = if times.len() > 1 { times[1..].to_vec() } else { times.clone() };
-        let mean = steady.iter().sum::<f64>() / steady.len() as f64;
-        println!("steady state: {mean:.2} s per step, {:.1} tokens/s", tokens as f64 / mean);
+        for ((name, _), times) in layouts.iter().zip(&times) {
+            let steady: Vec<f64> = if times.len() > 1 { times[1..].to_vec() } else { times.clone() };
+            let mean = steady.iter().sum::<f64>() / steady.len() as f64;
+            let label = if name.is_empty() { String::new() } else { format!(" ({name})") };
+            println!("steady state{label}: {mean:.2} s per step, {:.1} tokens/s", all_tokens as f64 / mean);
+        }
         if let Some(peak) = peak_rss() {
             println!("peak resident memory: {:.2} GB", peak as f64 / 1e9);
         }

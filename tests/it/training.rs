@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
+use arrow_array::types::{Float32Type, UInt32Type};
 use rand::{Rng, SeedableRng};
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::policy::ModelFiles;
@@ -327,6 +328,89 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(versions[0] > 0, "memory off answers with the trained policy: {versions:?}");
     assert_eq!(versions[1], 0, "base answers with the initial weights");
     assert!(dir.path().join("home/exports").exists(), "the policy was exported into SESA_HOME");
+}
+
+/// LoRA carries a whole run: warm start and RL train the adapters alone (the KL reference is
+/// the base with them off), checkpoints hold the adapters and their moments only, a run
+/// killed anywhere resumes to the same tables, and the export holds the merged weights the
+/// run served.
+#[test]
+fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() {
+    let dir = setup();
+    let text = std::fs::read_to_string(spec(dir.path())).unwrap().replace(
+        "trainer: {micro_batch_tokens: 700}",
+        "trainer: {micro_batch_tokens: 700, method: {kind: lora, rank: 2, alpha: 4}}",
+    );
+    let spec = write(dir.path(), "lora.yaml", &text);
+    let spec_arg = spec.to_str().unwrap();
+    let reference_store = dir.path().join("reference");
+    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
+    let table =
+        |name: &str, step: u64, writer: &str| &reference[&(name.to_string(), step, format!("{writer}.parquet"))];
+    for (step, writer) in [(1, "warmup"), (1, "update"), (3, "update")] {
+        assert_eq!(strings(table("policy_versions", step, writer), "method"), ["lora"], "step {step} {writer}");
+    }
+    let checkpoint = table("checkpoints", 3, "update");
+    let names = strings(checkpoint, "tensor");
+    // Two blocks of seven adapted projections, A and B each, then AdamW's two moments of each.
+    assert_eq!(names.iter().filter(|n| n.starts_with("adapters.")).count(), 28);
+    assert!(names.iter().all(|n| ["adapters.", "adam_m.", "adam_v."].iter().any(|p| n.starts_with(p))), "{names:?}");
+    let bytes = integers(table("policy_versions", 3, "update"), "checkpoint_bytes")[0];
+    let weights = ModelFiles::read(&dir.path().join("tiny")).unwrap().weights;
+    let full = 3
+        * 4
+        * (weights.embedding.len()
+            + weights.blocks.iter().map(|b| b.tensors().iter().map(|t| t.len()).sum::<usize>()).sum::<usize>());
+    assert!(bytes * 100 < full as u64, "a LoRA checkpoint of {bytes} bytes against {full} for full fine-tuning");
+    let updates = table("updates", 3, "update");
+    assert!(integers(updates, "tokens").iter().sum::<u64>() > 0, "the update trained");
+
+    kill_and_resume(dir.path(), spec_arg, &reference, duration, 2, 9);
+
+    // The export holds the merged weights the run served: version 3 (kept by keep_every 2)
+    // scores step 3's rollouts, which version 3 generated, as the server recorded them.
+    let run = only_run(&reference_store);
+    let export = dir.path().join("export");
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["model", "export", run.to_str().unwrap(), "--version", "3", "--out", export.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let exported = ModelFiles::read(&export).unwrap().weights;
+    let rollouts = table("rollouts", 3, "solve");
+    assert!(integers(rollouts, "policy_version").iter().all(|&v| v == 3));
+    let gap = |weights: &LlamaWeights| {
+        let model = sesa_stages::train::TrainModel::new(weights.clone());
+        let (prompts, responses) =
+            (lists::<UInt32Type>(rollouts, "prompt_ids"), lists::<UInt32Type>(rollouts, "token_ids"));
+        let (masks, recorded) =
+            (lists::<UInt32Type>(rollouts, "loss_mask"), lists::<Float32Type>(rollouts, "logprobs"));
+        let mut largest = 0.0f32;
+        for r in 0..prompts.len() {
+            let tokens: Vec<u32> = prompts[r].iter().chain(&responses[r]).copied().collect();
+            let trained: Vec<usize> = (0..responses[r].len()).filter(|&t| masks[r][t] != 0).collect();
+            let positions: Vec<usize> = trained.iter().map(|t| prompts[r].len() + t).collect();
+            let example = sesa_stages::train::Example { tokens: &tokens, positions: &positions };
+            let scored = model.forward(&[example], 1.0).unwrap().logprobs.remove(0);
+            for (s, &t) in scored.iter().zip(&trained) {
+                largest = largest.max((s - recorded[r][t]).abs());
+            }
+        }
+        largest
+    };
+    let (served, initial) = (gap(&exported), gap(&weights));
+    assert!(served < 1e-4, "the export scores the served tokens {served} nats apart");
+    assert!(initial > 100.0 * served.max(1e-6), "the initial weights score them alike ({initial} nats apart)");
+}
+
+/// The column `name` of `batch`, a list column, as vectors.
+fn lists<T: arrow_array::ArrowPrimitiveType>(batch: &RecordBatch, name: &str) -> Vec<Vec<T::Native>> {
+    let column = batch.column_by_name(name).unwrap();
+    let list = column.as_any().downcast_ref::<arrow_array::ListArray>().unwrap();
+    (0..arrow_array::Array::len(list))
+        .map(|i| list.value(i).as_any().downcast_ref::<arrow_array::PrimitiveArray<T>>().unwrap().values().to_vec())
+        .collect()
 }
 
 /// The column `name` of `batch` as strings.

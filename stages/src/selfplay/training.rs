@@ -605,6 +605,8 @@ pub struct Published {
     pub checkpoints: RecordBatch,
     /// Milliseconds the policy took to take the weights.
     pub serve_ms: f64,
+    /// Milliseconds spent laying out and hashing the checkpoint (its write is the commit's).
+    pub checkpoint_ms: f64,
 }
 
 impl Published {
@@ -621,6 +623,7 @@ impl Published {
             policy_versions: concat(parts.iter().map(|p| &p.policy_versions).collect())?,
             checkpoints: concat(parts.iter().map(|p| &p.checkpoints).collect())?,
             serve_ms: parts.iter().map(|p| p.serve_ms).sum(),
+            checkpoint_ms: parts.iter().map(|p| p.checkpoint_ms).sum(),
         })
     }
 }
@@ -639,17 +642,19 @@ pub async fn publish_version(
     let policy = training.model.served_by(selfplay);
     let model = training.model;
     let failed = |e: String| StageError::Failed(format!("serving the trained weights: {e}"));
-    let (state, checkpoint, serve_ms) = tokio::task::spawn_blocking(move || {
+    let (state, checkpoint, (sha256, bytes), serve_ms, checkpoint_ms) = tokio::task::spawn_blocking(move || {
         let clock = std::time::Instant::now();
         let loaded = policy.load_weights(&state.trainer.model.serving_weights(), state.version);
         let serve_ms = clock.elapsed().as_secs_f64() * 1e3;
+        let clock = std::time::Instant::now();
         let checkpoint = Checkpoint::of(model, &state);
-        loaded.map(|()| (state, checkpoint, serve_ms)).map_err(|e| e.to_string())
+        let digest = checkpoint.digest();
+        let checkpoint_ms = clock.elapsed().as_secs_f64() * 1e3;
+        loaded.map(|()| (state, checkpoint, digest, serve_ms, checkpoint_ms)).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| failed(e.to_string()))?
     .map_err(failed)?;
-    let (sha256, bytes) = checkpoint.digest();
     let version = PolicyVersion {
         model,
         version: state.version,
@@ -662,8 +667,12 @@ pub async fn publish_version(
         tokens_trained: state.tokens_trained,
         external_checkpoint: String::new(),
     };
-    let published =
-        Published { policy_versions: policy_versions_batch(&[version])?, checkpoints: checkpoint.batch()?, serve_ms };
+    let published = Published {
+        policy_versions: policy_versions_batch(&[version])?,
+        checkpoints: checkpoint.batch()?,
+        serve_ms,
+        checkpoint_ms,
+    };
     Ok((state, published))
 }
 

@@ -4,8 +4,9 @@
 //! A loss is given as its derivative with respect to each scored token's log-probability: a
 //! supervised loss (`−mean log p`), GRPO's clipped surrogate and REINFORCE all reduce to that,
 //! so one backward pass serves them all. Examples are packed into micro-batches of at most
-//! `micro_batch_tokens` tokens whose gradients accumulate into one optimizer step: memory is
-//! bounded by the micro-batch, whatever the batch.
+//! `micro_batch_tokens` rows whose gradients accumulate into one optimizer step: memory is
+//! bounded by the micro-batch, whatever the batch. Consecutive examples that begin alike (a
+//! GRPO group's rollouts of one prompt) run their common prefix once ([`packing`]).
 //!
 //! **Invariant:** a step is deterministic: the same weights, batch and settings give the same
 //! weights bit for bit, on any number of threads (every sum runs in an order fixed by shapes).
@@ -14,6 +15,7 @@ mod gemm;
 pub mod model;
 pub mod objective;
 pub mod optim;
+pub mod packing;
 
 use std::time::Instant;
 
@@ -25,6 +27,7 @@ use serde::{Deserialize, Serialize};
 pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, PROJECTIONS, Tape, TrainModel};
 pub use self::objective::{ClippedObjective, TokenTerms, baseline_advantages, group_advantages};
 pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
+pub use self::packing::micro_batches;
 use crate::weights::LlamaWeights;
 
 /// What is trained.
@@ -127,13 +130,16 @@ impl Adapters {
                 let Some(lora) = lora else { continue };
                 let inputs = lora.a.len() / self.rank;
                 let outputs = lora.b.len() / self.rank;
-                for o in 0..outputs {
-                    for r in 0..self.rank {
-                        let coefficient = self.scale * lora.b[o * self.rank + r];
-                        let row = &mut weight[o * inputs..][..inputs];
-                        row.iter_mut().zip(&lora.a[r * inputs..][..inputs]).for_each(|(w, a)| *w += coefficient * a);
-                    }
-                }
+                let scaled_b: Vec<f32> = lora.b.iter().map(|b| self.scale * b).collect();
+                gemm::gemm(
+                    outputs,
+                    self.rank,
+                    inputs,
+                    gemm::View::rows(&scaled_b, self.rank),
+                    gemm::View::rows(&lora.a, inputs),
+                    1.0,
+                    gemm::Out::rows(weight, inputs),
+                );
             }
         }
         merged
@@ -243,7 +249,7 @@ pub struct MicroBatch {
     pub sequences: std::ops::Range<usize>,
     /// The sum of the loss values the callback returned for its sequences.
     pub loss: f64,
-    /// Tokens run (prompt included).
+    /// Rows run (prompt included; a shared prefix once).
     pub tokens: usize,
     /// Tokens scored.
     pub scored: usize,
@@ -266,29 +272,18 @@ pub struct StepReport {
     pub optimizer_ms: f64,
 }
 
-/// Splits sequences (in order) into micro-batches of at most `budget` tokens; a longer
-/// sequence is a micro-batch of its own.
-pub fn micro_batches(lengths: &[usize], budget: usize) -> Vec<std::ops::Range<usize>> {
-    let mut batches = Vec::new();
-    let mut start = 0;
-    let mut tokens = 0;
-    for (i, &len) in lengths.iter().enumerate() {
-        if i > start && tokens + len > budget {
-            batches.push(start..i);
-            start = i;
-            tokens = 0;
-        }
-        tokens += len;
-    }
-    if start < lengths.len() {
-        batches.push(start..lengths.len());
-    }
-    batches
-}
-
 /// A loss, given a sequence's index and its scored log-probabilities: its value and its
 /// derivative with respect to each log-probability.
 pub type LossFn<'a> = dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>) + 'a;
+
+/// Each sequence's scored positions, and its micro-batches of at most `budget` rows.
+fn packed(sequences: &[TrainSequence], budget: usize) -> (Vec<Vec<usize>>, Vec<std::ops::Range<usize>>) {
+    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+    let shapes: Vec<(&[u32], Option<usize>)> =
+        sequences.iter().zip(&positions).map(|(s, p)| (s.tokens.as_slice(), p.first().copied())).collect();
+    let ranges = micro_batches(&shapes, budget.max(1));
+    (positions, ranges)
+}
 
 /// The scored log-probabilities of each sequence under `model` at `temperature`, by
 /// micro-batches of at most `budget` tokens, without a backward pass.
@@ -298,10 +293,9 @@ pub fn logprobs(
     temperature: f32,
     budget: usize,
 ) -> Result<Vec<Vec<f32>>, BatchError> {
-    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-    let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+    let (positions, ranges) = packed(sequences, budget);
     let mut out = Vec::with_capacity(sequences.len());
-    for range in micro_batches(&lengths, budget.max(1)) {
+    for range in ranges {
         let examples: Vec<Example<'_>> =
             range.map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
         out.extend(model.forward(&examples, temperature)?.logprobs);
@@ -351,8 +345,7 @@ impl Trainer {
         lr: f64,
         loss: &mut LossFn<'_>,
     ) -> Result<StepReport, BatchError> {
-        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-        let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+        let (positions, ranges) = packed(sequences, self.micro_batch_tokens);
         let mut grads = match self.grads.take() {
             Some(mut grads) => {
                 grads.zero();
@@ -361,7 +354,7 @@ impl Trainer {
             None => self.model.zero_grads(),
         };
         let mut micro = Vec::new();
-        for range in micro_batches(&lengths, self.micro_batch_tokens) {
+        for range in ranges {
             let clock = Instant::now();
             let examples: Vec<Example<'_>> =
                 range.clone().map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();

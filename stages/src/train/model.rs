@@ -8,13 +8,15 @@
 //! checks every one of them on a tiny random model.
 //!
 //! The examples of a micro-batch are packed into one matrix of rows (no padding); attention
-//! stays within each example. Logits are computed only at the positions whose log-probability
+//! stays within each example, and examples that begin alike share the rows of their common
+//! prefix (see [`super::packing`]). Logits are computed only at the positions whose log-probability
 //! is asked for: the output projection is a fifth of SmolLM2's work per token, and prompt
 //! and retrieved tokens are never trained on.
 
 use rayon::prelude::*;
 
 use super::gemm::{Out, SharedMut, View, gemm, gemm_serial};
+use super::packing::{Segment, prob_offsets, sharing_groups};
 use crate::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 /// The projections LoRA can adapt, in a block's order.
@@ -92,7 +94,7 @@ struct LayerTape {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Attention probabilities: per example, per head, `len × len`.
+    /// Attention probabilities: per segment, per head, `len × width`.
     probs: Vec<f32>,
     attended: Vec<f32>,
     x2: Vec<f32>,
@@ -108,8 +110,8 @@ struct LayerTape {
 /// What the forward pass keeps for the backward pass.
 pub struct Tape {
     tokens: Vec<u32>,
-    /// Start row and length of each example.
-    segments: Vec<(usize, usize)>,
+    /// The rows of each example's own tokens and of each shared prefix.
+    segments: Vec<Segment>,
     /// Row position of each row within its example.
     positions: Vec<usize>,
     layers: Vec<LayerTape>,
@@ -187,13 +189,7 @@ impl TrainModel {
     pub fn forward(&self, examples: &[Example<'_>], temperature: f32) -> Result<Tape, BatchError> {
         let s = self.shape().clone();
         let (hidden, kv_width, ffn, vocabulary) = (s.hidden, s.kv_width(), s.ffn, s.vocabulary);
-        let mut tokens = Vec::new();
-        let mut segments = Vec::new();
-        let mut positions = Vec::new();
-        let mut scored_rows = Vec::new();
-        let mut scored_targets = Vec::new();
         for (e, example) in examples.iter().enumerate() {
-            let start = tokens.len();
             if example.tokens.len() > s.context {
                 return Err(BatchError(format!(
                     "example {e}: {} tokens exceed the model's context of {}",
@@ -213,12 +209,33 @@ impl TrainModel {
                     )));
                 }
                 previous = p;
-                scored_rows.push(start + p - 1);
-                scored_targets.push(example.tokens[p]);
             }
-            tokens.extend_from_slice(example.tokens);
-            positions.extend(0..example.tokens.len());
-            segments.push((start, example.tokens.len()));
+        }
+        let mut tokens = Vec::new();
+        let mut segments = Vec::new();
+        let mut positions = Vec::new();
+        let mut scored_rows = Vec::new();
+        let mut scored_targets = Vec::new();
+        let shapes: Vec<(&[u32], Option<usize>)> =
+            examples.iter().map(|e| (e.tokens, e.positions.first().copied())).collect();
+        for (group, shared) in sharing_groups(&shapes) {
+            let prefix_start = tokens.len();
+            if shared > 0 {
+                tokens.extend_from_slice(&examples[group.start].tokens[..shared]);
+                positions.extend(0..shared);
+                segments.push(Segment { start: prefix_start, len: shared, prefix_start, prefix_len: 0 });
+            }
+            for example in &examples[group] {
+                let start = tokens.len();
+                for &p in example.positions {
+                    // `p − 1 ≥ shared`: a prefix stops before the first scored row.
+                    scored_rows.push(start + p - 1 - shared);
+                    scored_targets.push(example.tokens[p]);
+                }
+                tokens.extend_from_slice(&example.tokens[shared..]);
+                positions.extend(shared..example.tokens.len());
+                segments.push(Segment { start, len: example.tokens.len() - shared, prefix_start, prefix_len: shared });
+            }
         }
         let n = tokens.len();
         let mut x = Vec::with_capacity(n * hidden);
@@ -452,9 +469,9 @@ impl TrainModel {
         });
     }
 
-    /// Causal attention within each example: the probabilities (per example, per head) and
-    /// the attended values.
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], segments: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+    /// Causal attention within each example (a shared prefix's rows first): the probabilities
+    /// (per segment, per head) and the attended values.
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], segments: &[Segment]) -> (Vec<f32>, Vec<f32>) {
         let s = self.shape();
         let (hidden, kv_width, head_dim, heads) = (s.hidden, s.kv_width(), s.head_dim, s.heads);
         let group = heads / s.kv_heads;
@@ -467,24 +484,38 @@ impl TrainModel {
         let (probs_len, attended_len) = (probs.len(), attended.len());
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
         jobs.par_iter().for_each(|&(e, head)| {
-            let (start, len) = segments[e];
+            let Segment { start, len, prefix_start, prefix_len } = segments[e];
+            let width = prefix_len + len;
             let kv_offset = (head / group) * head_dim;
-            // SAFETY: each job writes its own example's head block of `probs` and its own
+            // SAFETY: each job writes its own segment's head block of `probs` and its own
             // (rows, head columns) of `attended`.
             let p = unsafe { std::slice::from_raw_parts_mut(probs_ptr.get(), probs_len) };
             let out = unsafe { std::slice::from_raw_parts_mut(attended_ptr.get(), attended_len) };
-            let block = &mut p[offsets[e * heads + head]..][..len * len];
+            let block = &mut p[offsets[e * heads + head]..][..len * width];
+            let queries = View::rows(q, hidden).at(start * hidden + head * head_dim);
+            // Scores: the prefix's keys in the first `prefix_len` columns, then the segment's own.
+            if prefix_len > 0 {
+                gemm_serial(
+                    len,
+                    head_dim,
+                    prefix_len,
+                    queries,
+                    View::transposed(k, kv_width).at(prefix_start * kv_width + kv_offset),
+                    0.0,
+                    Out { data: block, offset: 0, row: width },
+                );
+            }
             gemm_serial(
                 len,
                 head_dim,
                 len,
-                View::rows(q, hidden).at(start * hidden + head * head_dim),
+                queries,
                 View::transposed(k, kv_width).at(start * kv_width + kv_offset),
                 0.0,
-                Out::rows(block, len),
+                Out { data: block, offset: prefix_len, row: width },
             );
-            for (i, row) in block.chunks_exact_mut(len).enumerate() {
-                let visible = &mut row[..=i];
+            for (i, row) in block.chunks_exact_mut(width).enumerate() {
+                let visible = &mut row[..=prefix_len + i];
                 let max = visible.iter().map(|z| z * scale).fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0;
                 for z in visible.iter_mut() {
@@ -492,16 +523,28 @@ impl TrainModel {
                     sum += *z;
                 }
                 visible.iter_mut().for_each(|z| *z /= sum);
-                row[i + 1..].iter_mut().for_each(|z| *z = 0.0);
+                row[prefix_len + i + 1..].iter_mut().for_each(|z| *z = 0.0);
+            }
+            let out_at = start * hidden + head * head_dim;
+            if prefix_len > 0 {
+                gemm_serial(
+                    len,
+                    prefix_len,
+                    head_dim,
+                    View::rows(block, width),
+                    View::rows(v, kv_width).at(prefix_start * kv_width + kv_offset),
+                    0.0,
+                    Out { data: out, offset: out_at, row: hidden },
+                );
             }
             gemm_serial(
                 len,
                 len,
                 head_dim,
-                View::rows(block, len),
+                View::rows(block, width).at(prefix_len),
                 View::rows(v, kv_width).at(start * kv_width + kv_offset),
-                0.0,
-                Out { data: out, offset: start * hidden + head * head_dim, row: hidden },
+                if prefix_len > 0 { 1.0 } else { 0.0 },
+                Out { data: out, offset: out_at, row: hidden },
             );
         });
         (probs, attended)
@@ -623,12 +666,7 @@ impl TrainModel {
     }
 
     /// Gradients of queries, keys and values from the gradient of the attended values.
-    fn attention_back(
-        &self,
-        t: &LayerTape,
-        dattended: &[f32],
-        segments: &[(usize, usize)],
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn attention_back(&self, t: &LayerTape, dattended: &[f32], segments: &[Segment]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let s = self.shape();
         let (hidden, kv_width, head_dim, heads) = (s.hidden, s.kv_width(), s.head_dim, s.heads);
         let group = heads / s.kv_heads;
@@ -637,95 +675,101 @@ impl TrainModel {
         let mut dq = vec![0.0f32; t.q.len()];
         let dq_ptr = SharedMut::new(&mut dq);
         let q_len = dq.len();
-        // One job per example and head (two cores stay busy with nine heads); each head's
-        // share of its key/value head's gradients goes to its own block, summed below in head
-        // order, so the result does not depend on the schedule.
+        // One job per segment and head (two cores stay busy with nine heads); each head's
+        // share of its key/value head's gradients, and of its prefix's, goes to its own
+        // block, summed below in job order, so the result does not depend on the schedule.
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
-        let partials: Vec<(Vec<f32>, Vec<f32>)> = jobs
+        let partials: Vec<[Vec<f32>; 4]> = jobs
             .par_iter()
             .map(|&(e, head)| {
-                let (start, len) = segments[e];
+                let Segment { start, len, prefix_start, prefix_len } = segments[e];
+                let width = prefix_len + len;
                 let kv_offset = (head / group) * head_dim;
-                let probs = &t.probs[offsets[e * heads + head]..][..len * len];
+                let probs = &t.probs[offsets[e * heads + head]..][..len * width];
                 let q_at = start * hidden + head * head_dim;
-                let kv_at = start * kv_width + kv_offset;
-                let (mut dk, mut dv) = (vec![0.0f32; len * head_dim], vec![0.0f32; len * head_dim]);
-                // dV = Pᵀ·dO.
-                gemm_serial(
-                    len,
-                    len,
-                    head_dim,
-                    View::transposed(probs, len),
-                    View::rows(dattended, hidden).at(q_at),
-                    0.0,
-                    Out::rows(&mut dv, head_dim),
-                );
+                let (kv_at, prefix_at) = (start * kv_width + kv_offset, prefix_start * kv_width + kv_offset);
+                let d_out = View::rows(dattended, hidden).at(q_at);
+                let zeros = |rows: usize| vec![0.0f32; rows * head_dim];
+                let (mut dk, mut dv, mut dk_prefix, mut dv_prefix) =
+                    (zeros(len), zeros(len), zeros(prefix_len), zeros(prefix_len));
+                // dV = Pᵀ·dO, for the segment's own values and the prefix's.
+                let probs_t = View::transposed(probs, width);
+                gemm_serial(len, len, head_dim, probs_t.at(prefix_len), d_out, 0.0, Out::rows(&mut dv, head_dim));
+                gemm_serial(prefix_len, len, head_dim, probs_t, d_out, 0.0, Out::rows(&mut dv_prefix, head_dim));
                 // dP = dO·Vᵀ, then dS = P ∘ (dP − rowsum(dP ∘ P)), times the score scale.
-                let mut dscores = vec![0.0f32; len * len];
+                let mut dscores = vec![0.0f32; len * width];
+                let values_t = View::transposed(&t.v, kv_width);
+                gemm_serial(
+                    len,
+                    head_dim,
+                    prefix_len,
+                    d_out,
+                    values_t.at(prefix_at),
+                    0.0,
+                    Out { data: &mut dscores, offset: 0, row: width },
+                );
                 gemm_serial(
                     len,
                     head_dim,
                     len,
-                    View::rows(dattended, hidden).at(q_at),
-                    View::transposed(&t.v, kv_width).at(kv_at),
+                    d_out,
+                    values_t.at(kv_at),
                     0.0,
-                    Out::rows(&mut dscores, len),
+                    Out { data: &mut dscores, offset: prefix_len, row: width },
                 );
-                for (i, (drow, prow)) in dscores.chunks_exact_mut(len).zip(probs.chunks_exact(len)).enumerate() {
-                    let dot: f32 = drow[..=i].iter().zip(&prow[..=i]).map(|(d, p)| d * p).sum();
-                    for (d, p) in drow[..=i].iter_mut().zip(&prow[..=i]) {
+                for (i, (drow, prow)) in dscores.chunks_exact_mut(width).zip(probs.chunks_exact(width)).enumerate() {
+                    let visible = prefix_len + i + 1;
+                    let dot: f32 = drow[..visible].iter().zip(&prow[..visible]).map(|(d, p)| d * p).sum();
+                    for (d, p) in drow[..visible].iter_mut().zip(&prow[..visible]) {
                         *d = p * (*d - dot) * scale;
                     }
-                    drow[i + 1..].iter_mut().for_each(|d| *d = 0.0);
+                    drow[visible..].iter_mut().for_each(|d| *d = 0.0);
                 }
                 // dQ = dS·K (this head's own columns); dK = dSᵀ·Q.
-                // SAFETY: each job writes its own example's rows of its own head's columns.
+                // SAFETY: each job writes its own segment's rows of its own head's columns.
                 let dq = unsafe { std::slice::from_raw_parts_mut(dq_ptr.get(), q_len) };
+                let keys = View::rows(&t.k, kv_width);
+                if prefix_len > 0 {
+                    gemm_serial(
+                        len,
+                        prefix_len,
+                        head_dim,
+                        View::rows(&dscores, width),
+                        keys.at(prefix_at),
+                        0.0,
+                        Out { data: dq, offset: q_at, row: hidden },
+                    );
+                }
                 gemm_serial(
                     len,
                     len,
                     head_dim,
-                    View::rows(&dscores, len),
-                    View::rows(&t.k, kv_width).at(kv_at),
-                    0.0,
+                    View::rows(&dscores, width).at(prefix_len),
+                    keys.at(kv_at),
+                    if prefix_len > 0 { 1.0 } else { 0.0 },
                     Out { data: dq, offset: q_at, row: hidden },
                 );
-                gemm_serial(
-                    len,
-                    len,
-                    head_dim,
-                    View::transposed(&dscores, len),
-                    View::rows(&t.q, hidden).at(q_at),
-                    0.0,
-                    Out::rows(&mut dk, head_dim),
-                );
-                (dk, dv)
+                let (dscores_t, queries) = (View::transposed(&dscores, width), View::rows(&t.q, hidden).at(q_at));
+                gemm_serial(len, len, head_dim, dscores_t.at(prefix_len), queries, 0.0, Out::rows(&mut dk, head_dim));
+                gemm_serial(prefix_len, len, head_dim, dscores_t, queries, 0.0, Out::rows(&mut dk_prefix, head_dim));
+                [dk, dv, dk_prefix, dv_prefix]
             })
             .collect();
         let mut dk = vec![0.0f32; t.k.len()];
         let mut dv = vec![0.0f32; t.v.len()];
-        for (&(e, head), (pk, pv)) in jobs.iter().zip(&partials) {
-            let (start, _) = segments[e];
+        for (&(e, head), [pk, pv, pk_prefix, pv_prefix]) in jobs.iter().zip(&partials) {
+            let segment = segments[e];
             let kv_offset = (head / group) * head_dim;
-            for (row, (k, v)) in pk.chunks_exact(head_dim).zip(pv.chunks_exact(head_dim)).enumerate() {
-                let at = (start + row) * kv_width + kv_offset;
-                dk[at..at + head_dim].iter_mut().zip(k).for_each(|(d, x)| *d += x);
-                dv[at..at + head_dim].iter_mut().zip(v).for_each(|(d, x)| *d += x);
+            for (first, k_rows, v_rows) in [(segment.start, pk, pv), (segment.prefix_start, pk_prefix, pv_prefix)] {
+                for (row, (k, v)) in k_rows.chunks_exact(head_dim).zip(v_rows.chunks_exact(head_dim)).enumerate() {
+                    let at = (first + row) * kv_width + kv_offset;
+                    dk[at..at + head_dim].iter_mut().zip(k).for_each(|(d, x)| *d += x);
+                    dv[at..at + head_dim].iter_mut().zip(v).for_each(|(d, x)| *d += x);
+                }
             }
         }
         (dq, dk, dv)
     }
-}
-
-/// Where each (example, head) block of attention probabilities starts, and the total at the end.
-fn prob_offsets(segments: &[(usize, usize)], heads: usize) -> Vec<usize> {
-    let mut offsets = vec![0];
-    for &(_, len) in segments {
-        for _ in 0..heads {
-            offsets.push(offsets.last().copied().unwrap_or(0) + len * len);
-        }
-    }
-    offsets
 }
 
 fn silu(x: f32) -> f32 {

@@ -142,7 +142,6 @@ fn a_step_is_deterministic_whatever_the_thread_count() {
 
 #[test]
 fn micro_batches_bound_the_tokens_and_accumulate_the_same_gradient() {
-    assert_eq!(micro_batches(&[3, 4, 5, 20, 1], 8), vec![0..2, 2..3, 3..4, 4..5]);
     let norm_with = |budget: usize| {
         let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 1)), budget);
         trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1e-2).unwrap()
@@ -194,4 +193,73 @@ fn a_hugging_face_round_trip_keeps_every_log_probability() {
     let back = crate::weights::LlamaWeights::load_hf(dir.path()).unwrap();
     let logprobs = |w| TrainModel::new(w).forward(&examples(), 1.0).unwrap().logprobs;
     assert_eq!(logprobs(back), logprobs(weights));
+}
+
+/// A GRPO group's shape: four rollouts of one prompt (its last token included in each
+/// continuation), scored on their responses, then an unrelated sequence.
+fn group_of_rollouts() -> Vec<TrainSequence> {
+    let prompt: Vec<u32> = (0..packing::MIN_SHARED as u32 + 6).map(|t| (t * 5 + 1) % 16).collect();
+    let mut sequences: Vec<TrainSequence> = (0..4u32)
+        .map(|r| {
+            let mut tokens = prompt.clone();
+            tokens.extend((0..3 + r).map(|t| (t * 3 + r * 7) % 16));
+            let mask = (0..tokens.len()).map(|t| u8::from(t >= prompt.len())).collect();
+            TrainSequence { tokens, mask }
+        })
+        .collect();
+    let tokens: Vec<u32> = (0..9).map(|t| (t * 11 + 2) % 16).collect();
+    sequences.push(TrainSequence { mask: vec![1; tokens.len()], tokens });
+    sequences
+}
+
+#[test]
+fn a_shared_prompt_runs_once_and_gives_the_gradient_of_separate_sequences() {
+    for lora in [false, true] {
+        let weights = random(tiny_shape(), true, 11);
+        let mut model = TrainModel::new(weights.clone());
+        if lora {
+            let mut adapters = new_adapters(&weights, 2, 4.0, &all_modules(), 3);
+            for l in adapters.blocks.iter_mut().flatten().flatten() {
+                l.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 5) as f32 - 2.0) * 0.1);
+            }
+            model.adapters = Some(adapters);
+        }
+        let sequences = group_of_rollouts();
+        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+        let examples: Vec<Example<'_>> =
+            sequences.iter().zip(&positions).map(|(s, p)| Example { tokens: &s.tokens, positions: p }).collect();
+        let dlogp: Vec<Vec<f32>> = positions
+            .iter()
+            .enumerate()
+            .map(|(e, p)| (0..p.len()).map(|i| ((e * 3 + i) % 7) as f32 * 0.3 - 0.9).collect())
+            .collect();
+        // Together: the prompt's rows once.
+        let tape = model.forward(&examples, 0.8).unwrap();
+        let total: usize = sequences.iter().map(|s| s.tokens.len()).sum();
+        let prompt = positions[0][0];
+        assert_eq!(tape.rows(), total - 3 * (prompt - 1), "the prompt less its last token, once");
+        let together = tape.logprobs.clone();
+        let mut shared = model.zero_grads();
+        model.backward(tape, &dlogp, &mut shared).unwrap();
+        // Apart: one forward and backward per sequence, accumulated.
+        let mut apart = model.zero_grads();
+        let mut separate = Vec::new();
+        for (example, d) in examples.iter().zip(&dlogp) {
+            let tape = model.forward(std::slice::from_ref(example), 0.8).unwrap();
+            separate.extend(tape.logprobs.clone());
+            model.backward(tape, std::slice::from_ref(d), &mut apart).unwrap();
+        }
+        let gap =
+            together.iter().flatten().zip(separate.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(gap < 1e-5, "log-probabilities differ by {gap}");
+        for (t, (a, b)) in shared.tensors().iter().zip(apart.tensors()).enumerate() {
+            let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let diff = a.iter().zip(b.iter()).map(|(x, y)| (x - y) * (x - y)).sum::<f32>().sqrt();
+            assert!(norm > 0.0, "tensor {t}: no gradient");
+            assert!(
+                diff <= 1e-5 * norm.max(1.0),
+                "tensor {t} (lora: {lora}): gradients differ by {diff} (norm {norm})"
+            );
+        }
+    }
 }

@@ -311,26 +311,53 @@ fn greedy(prompt: &str, max_tokens: usize) -> GenerationRequest {
     }
 }
 
-/// The trainer's log-probabilities of a recorded trajectory agree with those the serving
-/// forward pass recorded while generating it: the two passes compute the same function with
-/// other summation orders (packed FMA panels vs matrixmultiply), so they differ by rounding.
-#[tokio::test]
-async fn the_trainer_scores_recorded_tokens_as_the_server_generated_them() {
-    let policy = smollm2_candle();
+/// The largest gap between the log-probabilities `policy` recorded while generating from
+/// [`PROMPT`] and those `trainer` gives the same tokens.
+async fn trainer_server_gap(policy: &CandlePolicy, trainer: crate::train::TrainModel, tokenizer: &Tokenizer) -> f32 {
     // With `ignore_eos` the server records log-probabilities of the distribution without the
     // end-of-sequence tokens: not what the model computes.
     let request = GenerationRequest { ignore_eos: false, ..greedy(PROMPT, 24) };
     let generation = policy.generate(&[request]).await.unwrap().remove(0);
     let recorded = generation.logprobs.unwrap();
     let generated = generation.token_ids.unwrap();
-    let (weights, tokenizer) = tokio::task::spawn_blocking(load_weights).await.unwrap();
-    let mut tokens = ids(&tokenizer, PROMPT);
+    let mut tokens = ids(tokenizer, PROMPT);
     let first = tokens.len();
     tokens.extend(&generated);
     let positions: Vec<usize> = (first..tokens.len()).collect();
-    let trainer = crate::train::TrainModel::new(weights);
     let tape = trainer.forward(&[crate::train::Example { tokens: &tokens, positions: &positions }], 1.0).unwrap();
-    let gap = tape.logprobs[0].iter().zip(&recorded).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    tape.logprobs[0].iter().zip(&recorded).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max)
+}
+
+/// The trainer's log-probabilities of a recorded trajectory agree with those the serving
+/// forward pass recorded while generating it: the two passes compute the same function with
+/// other summation orders (packed FMA panels vs matrixmultiply), so they differ by rounding.
+#[tokio::test]
+async fn the_trainer_scores_recorded_tokens_as_the_server_generated_them() {
+    let policy = smollm2_candle();
+    let (weights, tokenizer) = tokio::task::spawn_blocking(load_weights).await.unwrap();
+    let gap = trainer_server_gap(&policy, crate::train::TrainModel::new(weights), &tokenizer).await;
+    assert!(gap < TRAINER_SERVER_TOLERANCE, "log-probabilities differ by up to {gap}");
+}
+
+/// LoRA is served merged (`W + scale·B·A` in one matrix) and trained unmerged (`x·Wᵀ` plus
+/// `scale·(x·Aᵀ)·Bᵀ`): the served policy's log-probabilities are the trainer's all the same.
+#[tokio::test]
+async fn lora_adapters_served_merged_score_as_the_trainer_scores_them() {
+    let policy = smollm2_candle();
+    let (weights, tokenizer) = tokio::task::spawn_blocking(load_weights).await.unwrap();
+    let targets: Vec<String> = crate::train::MODULES.iter().map(|m| m.to_string()).collect();
+    let mut adapters = crate::train::new_adapters(&weights, 4, 8.0, &targets, 5);
+    // B starts at zero; give it values so that the adapters change what is served.
+    for lora in adapters.blocks.iter_mut().flatten().flatten() {
+        lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 7) as f32 - 3.0) * 2e-3);
+    }
+    let mut trainer = crate::train::TrainModel::new(weights);
+    trainer.adapters = Some(adapters);
+    let base = policy.generate(&[greedy(PROMPT, 24)]).await.unwrap().remove(0);
+    policy.load_weights(&trainer.serving_weights(), 1).unwrap();
+    let merged = policy.generate(&[greedy(PROMPT, 24)]).await.unwrap().remove(0);
+    assert_ne!(merged.logprobs, base.logprobs, "the adapters changed nothing served");
+    let gap = trainer_server_gap(&policy, trainer, &tokenizer).await;
     assert!(gap < TRAINER_SERVER_TOLERANCE, "log-probabilities differ by up to {gap}");
 }
 

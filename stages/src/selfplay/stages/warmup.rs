@@ -376,6 +376,7 @@ impl Stage for Warmup {
             ("last_loss".into(), last_loss),
             ("train_ms".into(), train_ms),
             ("serve_ms".into(), published.serve_ms),
+            ("checkpoint_ms".into(), published.checkpoint_ms),
         ];
         all.extend(metrics);
         all.push(("wall_ms".into(), elapsed_ms(clock)));

@@ -447,7 +447,8 @@ pub fn train_with_sesa(
     };
     let mut metrics = BTreeMap::new();
     for batch in &batches {
-        let rows = super::in_process::update_role(&mut state, batch, &plan)?;
+        let rows =
+            super::in_process::update_role(&mut state, batch, &plan, &mut super::in_process::Timings::default())?;
         metrics.insert(batch.role.to_string(), RoleMetrics::of(&rows));
     }
     initial.export(&state.trainer.model.weights, &manifest.checkpoint_dir)?;

@@ -30,6 +30,19 @@ pub(super) fn optimizer_steps(batches: &[RoleBatch], config: &UpdateConfig) -> u
     batches.iter().map(|b| (split(b.samples.len(), config.mini_batch).len() * config.ppo_epochs) as u64).sum()
 }
 
+/// Where an update's time went, in milliseconds: the step metrics that say which part to cut.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Timings {
+    /// The KL reference's forward passes.
+    pub reference_ms: f64,
+    /// Recomputing the old policy's log-probabilities (several epochs or mini-batches only).
+    pub old_logprobs_ms: f64,
+    /// The training forward and backward passes.
+    pub forward_backward_ms: f64,
+    /// Gradient clipping and AdamW.
+    pub optimizer_ms: f64,
+}
+
 /// Settings an update of one role runs with.
 pub(super) struct Plan<'a> {
     pub config: &'a UpdateConfig,
@@ -44,6 +57,7 @@ pub(super) fn update_role(
     state: &mut TrainState,
     batch: &RoleBatch,
     plan: &Plan<'_>,
+    timings: &mut Timings,
 ) -> Result<Vec<UpdateRow>, String> {
     let config = plan.config;
     let mean_reward = crate::selfplay::stages::mean(batch.rewards.iter().copied());
@@ -65,6 +79,7 @@ pub(super) fn update_role(
     let serving: Vec<Vec<f32>> = samples.iter().zip(&sequences).map(|(s, q)| s.serving_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
+    let clock = Instant::now();
     let reference = if config.loss.kl_coef > 0.0 {
         Some(
             match &state.reference {
@@ -82,13 +97,16 @@ pub(super) fn update_role(
     } else {
         None
     };
+    timings.reference_ms += elapsed_ms(clock);
     let mini_batches = split(sequences.len(), config.mini_batch);
     let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
+    let clock = Instant::now();
     let old = if fused {
         None
     } else {
         Some(state.trainer.logprobs(sequences, plan.temperature).map_err(|e| e.to_string())?)
     };
+    timings.old_logprobs_ms += elapsed_ms(clock);
     let (mut gap_sum, mut gap_max, mut gap_count) = (0.0, 0.0f64, 0usize);
     if let Some(old) = &old {
         for (o, s) in old.iter().zip(&serving) {
@@ -128,6 +146,8 @@ pub(super) fn update_role(
                     (value, derivative)
                 })
                 .map_err(|e| e.to_string())?;
+            timings.forward_backward_ms += report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>();
+            timings.optimizer_ms += report.optimizer_ms;
             state.tokens_trained += report.micro_batches.iter().map(|m| m.tokens as u64).sum::<u64>();
             rows.push(UpdateRow {
                 epoch: epoch as u64,
@@ -227,7 +247,7 @@ mod tests {
         let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
         let before = totals(&state, &batch);
         for round in 0..5 {
-            let rows = update_role(&mut state, &batch, &plan).unwrap();
+            let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
             assert_eq!(rows.len(), 1);
             if round == 0 {
                 // The policy is still the reference and the old policy: KL 0, ratio 1.
@@ -244,7 +264,7 @@ mod tests {
                 assert!(a < b, "sequence {i}: {b} → {a}");
             }
         }
-        let last = update_role(&mut state, &batch, &plan).unwrap();
+        let last = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         assert!(last[0].kl > 0.0, "the policy moved away from its reference");
     }
 
@@ -254,7 +274,7 @@ mod tests {
         let batch = batch(&[2.0, -2.0, 2.0, -2.0]);
         let config = config(2, Some(2));
         let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
-        let rows = update_role(&mut state, &batch, &plan).unwrap();
+        let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         let steps: Vec<(u64, u64, u64)> = rows.iter().map(|r| (r.epoch, r.mini_batch, r.optimizer_step)).collect();
         assert_eq!(steps, [(0, 0, 1), (0, 1, 2), (1, 0, 3), (1, 1, 4)]);
         assert!(rows.iter().all(|r| r.sequences == 2));
@@ -271,7 +291,7 @@ mod tests {
         let before = state.trainer.model.weights.clone();
         let config = config(1, None);
         let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
-        let rows = update_role(&mut state, &batch, &plan).unwrap();
+        let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].optimizer_step, 0, "no optimizer step");
         assert_eq!(state.trainer.model.weights, before);
@@ -288,7 +308,7 @@ mod tests {
         let before = state.trainer.model.weights.clone();
         let config = config(1, None);
         let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
-        let rows = update_role(&mut state, &silent, &plan).unwrap();
+        let rows = update_role(&mut state, &silent, &plan, &mut Timings::default()).unwrap();
         assert_eq!((rows.len(), rows[0].sequences, rows[0].groups_without_signal), (1, 0, 12));
         assert_eq!(state.trainer.model.weights, before);
 

@@ -27,7 +27,7 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 use self::batch::{RoleBatch, lack_token_ids, proposer_batch, solver_batch};
 use self::external::{CONTRACT_VERSION, CONTRACT_VERSION_APART, ExternalTrainer, Manifest};
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
-use self::in_process::{Plan, optimizer_steps, update_role};
+use self::in_process::{Plan, Timings, optimizer_steps, update_role};
 use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
@@ -109,6 +109,8 @@ struct Outcome {
     /// The version each trained model is at now.
     versions: Vec<(TrainedModel, u64)>,
     train_ms: f64,
+    /// Where in-process training's time went (zero with an external trainer).
+    timings: Timings,
 }
 
 /// The RL update.
@@ -303,6 +305,12 @@ impl Stage for Update {
         metrics.push(("tokens".into(), tokens as f64));
         metrics.push(("train_ms".into(), outcome.train_ms));
         metrics.push(("serve_ms".into(), outcome.published.serve_ms));
+        metrics.push(("checkpoint_ms".into(), outcome.published.checkpoint_ms));
+        let Timings { reference_ms, old_logprobs_ms, forward_backward_ms, optimizer_ms } = outcome.timings;
+        metrics.push(("reference_ms".into(), reference_ms));
+        metrics.push(("old_logprobs_ms".into(), old_logprobs_ms));
+        metrics.push(("forward_backward_ms".into(), forward_backward_ms));
+        metrics.push(("optimizer_ms".into(), optimizer_ms));
         for (model, version) in &outcome.versions {
             metrics.push((model.version_metric().into(), *version as f64));
         }
@@ -399,19 +407,20 @@ impl Update {
         let parents: Vec<u64> = states.iter().map(|s| s.version).collect();
         let worker = tokio::task::spawn_blocking(move || {
             let mut rows = Vec::new();
+            let mut timings = Timings::default();
             for (state, (batches, total_lr_steps)) in states.iter_mut().zip(&work) {
                 let plan = Plan { config: &config, temperature, total_lr_steps: *total_lr_steps };
                 for batch in batches {
-                    match update_role(state, batch, &plan) {
+                    match update_role(state, batch, &plan, &mut timings) {
                         Ok(more) => rows.extend(more),
                         Err(e) => return (states, Err(format!("{} update: {e}", batch.role))),
                     }
                 }
             }
-            (states, Ok(rows))
+            (states, Ok((rows, timings)))
         });
         let (states, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
-        let rows = match rows {
+        let (rows, timings) = match rows {
             Ok(rows) => rows,
             Err(e) => {
                 put_back(states).await;
@@ -426,7 +435,7 @@ impl Update {
             published.push(made);
             training.put(state).await;
         }
-        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms })
+        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings })
     }
 
     /// Hands each trained model's batch to the external trainer, the proposer's own model first
@@ -509,8 +518,9 @@ impl Update {
             policy_versions: policy_versions_batch(&records)?,
             checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
             serve_ms: elapsed_ms(serving),
+            checkpoint_ms: 0.0,
         };
-        Ok(Outcome { rows, published, versions, train_ms })
+        Ok(Outcome { rows, published, versions, train_ms, timings: Timings::default() })
     }
 }
 
