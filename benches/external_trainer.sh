@@ -10,8 +10,9 @@
 # One step of specs/learn.yaml (no warm start, no evaluation) runs with `sesa train-external`
 # as its external trainer, which writes the batch; the reference trainer then trains the same
 # batch from the same weights. Two epochs of two mini-batches, so the second epoch's ratios and
-# KL are away from 1 and 0. Needs torch, transformers and pyarrow.
+# KL are away from 1 and 0. Installs torch, transformers and pyarrow from PyPI on first use.
 set -euo pipefail
+python3 -m pip install --quiet --disable-pip-version-check torch transformers pyarrow
 model=$(realpath "${1:?usage: benches/external_trainer.sh MODEL_DIR}")
 cd "$(dirname "$0")/.."
 sesa=${SESA:-target/release/sesa}

@@ -80,6 +80,7 @@ pub mod spec;
 pub mod stage;
 pub mod store;
 pub mod table;
+pub mod testing;
 
 use std::path::Path;
 

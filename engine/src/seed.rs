@@ -22,7 +22,6 @@ mod tests {
     #[test]
     fn seeds_are_stable_and_distinct() {
         // A fixed value: if this changes, every recorded run changes its randomness.
-        assert_eq!(derive(42, 1, "solve", 0), derive(42, 1, "solve", 0));
         insta::assert_snapshot!(derive(42, 1, "solve", 0).to_string(), @"17673974828281692645");
         assert_ne!(derive(42, 1, "solve", 0), derive(42, 1, "solve", 1));
         assert_ne!(derive(42, 1, "solve", 0), derive(42, 2, "solve", 0));

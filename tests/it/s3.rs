@@ -63,9 +63,9 @@ impl Drop for S3Server {
 #[test]
 fn a_run_on_s3_is_killed_resumed_and_matches_a_local_run() {
     let Some(server) = S3Server::start() else {
-        assert!(std::env::var_os("CI").is_none(), "CI must have moto_server (pip install 'moto[server]')");
-        eprintln!(
-            "SKIPPED a_run_on_s3_is_killed_resumed_and_matches_a_local_run: pip install 'moto[server]' to run it"
+        sesa_engine::testing::skip(
+            "a_run_on_s3_is_killed_resumed_and_matches_a_local_run",
+            "no moto_server (python3 -m pip install 'moto[server]')",
         );
         return;
     };
