@@ -111,8 +111,11 @@ stages:
     write(dir, "tiny.yaml", &text)
 }
 
-/// Every table of a run, by (table, step, writer), without wall times.
-fn tables(run: &Path) -> BTreeMap<(String, u64, String), RecordBatch> {
+/// Every table of a run, by (table, step, writer).
+type RunTables = BTreeMap<(String, u64, String), RecordBatch>;
+
+/// Every table of a run, without wall times.
+fn tables(run: &Path) -> RunTables {
     let mut out = BTreeMap::new();
     for table in std::fs::read_dir(run.join("tables")).unwrap() {
         let table = table.unwrap();
@@ -153,13 +156,20 @@ fn setup() -> tempfile::TempDir {
     dir
 }
 
-/// Runs `spec` into `store`; returns its tables and how long it took.
-fn run_reference(dir: &Path, spec: &str, store: &Path) -> (BTreeMap<(String, u64, String), RecordBatch>, Duration) {
+/// Runs `spec` into `dir/reference`; returns its tables, how long it took and its directory.
+fn run_reference(dir: &Path, spec: &str) -> (RunTables, Duration, PathBuf) {
+    let store = dir.join("reference");
     let clock = std::time::Instant::now();
     let output = run_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
     let duration = clock.elapsed();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    (tables(&only_run(store)), duration)
+    let run = only_run(&store);
+    (tables(&run), duration, run)
+}
+
+/// The batch `writer` wrote into table `name` at `step`.
+fn written<'a>(tables: &'a RunTables, name: &str, step: u64, writer: &str) -> &'a RecordBatch {
+    &tables[&(name.to_string(), step, format!("{writer}.parquet"))]
 }
 
 /// Runs `spec` `trials` times, each killed at a random moment of a run as long as `duration`
@@ -168,7 +178,7 @@ fn run_reference(dir: &Path, spec: &str, store: &Path) -> (BTreeMap<(String, u64
 fn kill_and_resume(
     dir: &Path,
     spec: &str,
-    reference: &BTreeMap<(String, u64, String), RecordBatch>,
+    reference: &RunTables,
     duration: Duration,
     trials: usize,
     seed: u64,
@@ -201,8 +211,7 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     let dir = setup();
     let spec = spec(dir.path());
     let spec_arg = spec.to_str().unwrap();
-    let reference_store = dir.path().join("reference");
-    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
+    let (reference, duration, run) = run_reference(dir.path(), spec_arg);
     let versions: Vec<(u64, &str)> = reference
         .keys()
         .filter(|(t, _, _)| t == "policy_versions")
@@ -254,7 +263,6 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(version("evaluate") > 0);
 
     // The last version exported serves as a model of its own, with the trained weights.
-    let run = only_run(&reference_store);
     let export = dir.path().join("export");
     let output = run_sesa_with(
         ChildRegistry::Stages,
@@ -343,10 +351,8 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     );
     let spec = write(dir.path(), "lora.yaml", &text);
     let spec_arg = spec.to_str().unwrap();
-    let reference_store = dir.path().join("reference");
-    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
-    let table =
-        |name: &str, step: u64, writer: &str| &reference[&(name.to_string(), step, format!("{writer}.parquet"))];
+    let (reference, duration, run) = run_reference(dir.path(), spec_arg);
+    let table = |name: &str, step: u64, writer: &str| written(&reference, name, step, writer);
     for (step, writer) in [(1, "warmup"), (1, "update"), (3, "update")] {
         assert_eq!(strings(table("policy_versions", step, writer), "method"), ["lora"], "step {step} {writer}");
     }
@@ -369,7 +375,6 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
 
     // The export holds the merged weights the run served: version 3 (kept by keep_every 2)
     // scores step 3's rollouts, which version 3 generated, as the server recorded them.
-    let run = only_run(&reference_store);
     let export = dir.path().join("export");
     let output = run_sesa_with(
         ChildRegistry::Stages,
@@ -455,10 +460,8 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
         );
     let spec = write(dir.path(), "proposer.yaml", &text);
     let spec_arg = spec.to_str().unwrap();
-    let reference_store = dir.path().join("reference");
-    let (reference, duration) = run_reference(dir.path(), spec_arg, &reference_store);
-    let table =
-        |name: &str, step: u64, writer: &str| &reference[&(name.to_string(), step, format!("{writer}.parquet"))];
+    let (reference, duration, run) = run_reference(dir.path(), spec_arg);
+    let table = |name: &str, step: u64, writer: &str| written(&reference, name, step, writer);
     let versions = |step: u64, writer: &str| {
         let batch = table("policy_versions", step, writer);
         strings(batch, "model").into_iter().zip(integers(batch, "version")).collect::<Vec<_>>()
@@ -492,7 +495,6 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     kill_and_resume(dir.path(), spec_arg, &reference, duration, 2, 8);
 
     // Either model exports; the proposer's holds its own trained weights.
-    let run = only_run(&reference_store);
     let export = |proposer: bool, name: &str| {
         let out = dir.path().join(name);
         let mut args = vec!["model", "export", run.to_str().unwrap(), "--out", out.to_str().unwrap()];
