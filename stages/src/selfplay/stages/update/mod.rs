@@ -109,8 +109,8 @@ struct Outcome {
     /// The version each trained model is at now.
     versions: Vec<(TrainedModel, u64)>,
     train_ms: f64,
-    /// Where in-process training's time went (zero with an external trainer).
-    timings: Timings,
+    /// Where in-process training's time went (an external trainer reports its own).
+    timings: Option<Timings>,
 }
 
 /// The RL update.
@@ -305,12 +305,13 @@ impl Stage for Update {
         metrics.push(("tokens".into(), tokens as f64));
         metrics.push(("train_ms".into(), outcome.train_ms));
         metrics.push(("serve_ms".into(), outcome.published.serve_ms));
-        metrics.push(("checkpoint_ms".into(), outcome.published.checkpoint_ms));
-        let Timings { reference_ms, old_logprobs_ms, forward_backward_ms, optimizer_ms } = outcome.timings;
-        metrics.push(("reference_ms".into(), reference_ms));
-        metrics.push(("old_logprobs_ms".into(), old_logprobs_ms));
-        metrics.push(("forward_backward_ms".into(), forward_backward_ms));
-        metrics.push(("optimizer_ms".into(), optimizer_ms));
+        if let Some(Timings { reference_ms, old_logprobs_ms, forward_backward_ms, optimizer_ms }) = outcome.timings {
+            metrics.push(("checkpoint_ms".into(), outcome.published.checkpoint_ms));
+            metrics.push(("reference_ms".into(), reference_ms));
+            metrics.push(("old_logprobs_ms".into(), old_logprobs_ms));
+            metrics.push(("forward_backward_ms".into(), forward_backward_ms));
+            metrics.push(("optimizer_ms".into(), optimizer_ms));
+        }
         for (model, version) in &outcome.versions {
             metrics.push((model.version_metric().into(), *version as f64));
         }
@@ -435,7 +436,7 @@ impl Update {
             published.push(made);
             training.put(state).await;
         }
-        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings })
+        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings: Some(timings) })
     }
 
     /// Hands each trained model's batch to the external trainer, the proposer's own model first
@@ -520,7 +521,7 @@ impl Update {
             serve_ms: elapsed_ms(serving),
             checkpoint_ms: 0.0,
         };
-        Ok(Outcome { rows, published, versions, train_ms, timings: Timings::default() })
+        Ok(Outcome { rows, published, versions, train_ms, timings: None })
     }
 }
 
