@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The learning experiment of the README ("Learning on a CPU", the seventh arm): a warm start
+# The learning experiment of docs/learning.md (the seventh arm): a warm start
 # that leaves one-hop questions at the solver's frontier, then RL of the solver alone from it,
 # with greedy exact match on a world never trained on, measured before RL and every 5 steps.
 #
