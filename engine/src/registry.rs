@@ -130,6 +130,9 @@ impl Registry {
     }
 
     /// The JSON Schema of a spec file: core keys, every section, and every stage kind's config.
+    ///
+    /// A spec with `extends:` is checked against a partial copy of the same schema (see
+    /// [`partial`]), since it overrides only the keys it names.
     pub fn json_schema(&self) -> Json {
         let mut generator = SchemaGenerator::new(SchemaSettings::draft2020_12());
         let mut stage_variants = Vec::new();
@@ -144,7 +147,7 @@ impl Registry {
                 "after".into(),
                 json!({ "type": "array", "items": { "type": "string" }, "description": "Stages that must finish first in every step where both run." }),
             );
-            properties.insert("schedule".into(), json!({ "$ref": "#/$defs/Schedule" }));
+            properties.insert("schedule".into(), json!({ "$ref": format!("#/$defs/{STAGE_SCHEDULE}") }));
             let required = object.entry("required").or_insert_with(|| json!([]));
             required.as_array_mut().expect("required is an array").push(json!("kind"));
             object.insert("additionalProperties".into(), json!(false));
@@ -171,17 +174,67 @@ impl Registry {
                 "additionalProperties": { "anyOf": [ { "oneOf": stage_variants }, { "type": "null" } ] }
             }),
         );
+        let spec = json!({ "type": "object", "properties": properties, "additionalProperties": false });
         let mut definitions = generator.take_definitions(true);
-        definitions.insert("Schedule".into(), schedule_schema());
+        let taken = definitions.insert(STAGE_SCHEDULE.into(), schedule_schema());
+        assert!(taken.is_none(), "a config type's schema is named `{STAGE_SCHEDULE}`, like the stage schedule");
+        let partials: Vec<(String, Json)> =
+            definitions.iter().map(|(name, schema)| (partial_name(name), partial(schema))).collect();
+        definitions.extend(partials);
+        definitions.insert(SPEC_OVERRIDE.into(), partial(&spec));
+        definitions.insert(SPEC.into(), spec);
         json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "sesa experiment spec",
-            "type": "object",
-            "properties": properties,
-            "additionalProperties": false,
+            "description": "A whole spec, or with `extends:` the keys it overrides in another (none required; `key: null` removes one).",
+            "if": { "type": "object", "required": ["extends"] },
+            "then": { "$ref": format!("#/$defs/{SPEC_OVERRIDE}") },
+            "else": { "$ref": format!("#/$defs/{SPEC}") },
             "$defs": definitions,
         })
     }
+}
+
+/// The names of the definitions [`Registry::json_schema`] adds beside the config types'.
+const SPEC: &str = "Spec";
+const SPEC_OVERRIDE: &str = "SpecOverride";
+const STAGE_SCHEDULE: &str = "StageSchedule";
+
+fn partial_name(name: &str) -> String {
+    format!("Partial{name}")
+}
+
+/// What an `extends:` spec may say where `schema` is the full one: the same keys and types, none
+/// required, `null` allowed for every key (it removes the inherited one, so even a key another
+/// variant has may be nulled), and maps merged entry by entry. A list replaces the inherited one whole, so its items keep the full schema. One-of
+/// choices become any-of: a partial object without its tag can match several.
+fn partial(schema: &Json) -> Json {
+    let Some(object) = schema.as_object() else { return schema.clone() };
+    let mut out = serde_json::Map::new();
+    for (key, value) in object {
+        let value = match key.as_str() {
+            "required" => continue,
+            "$ref" => match value.as_str().and_then(|r| r.strip_prefix("#/$defs/")) {
+                Some(name) => json!(format!("#/$defs/{}", partial_name(name))),
+                None => value.clone(),
+            },
+            "properties" => Json::Object(
+                value
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(name, property)| (name.clone(), json!({ "anyOf": [partial(property), { "type": "null" }] })))
+                    .collect(),
+            ),
+            // `key: null` removes what the base says, even where this variant has no such key.
+            "additionalProperties" if value == &json!(false) => json!({ "type": "null" }),
+            "additionalProperties" => partial(value),
+            "anyOf" | "allOf" | "oneOf" => Json::Array(value.as_array().into_iter().flatten().map(partial).collect()),
+            _ => value.clone(),
+        };
+        out.insert(if key == "oneOf" { "anyOf".into() } else { key.clone() }, value);
+    }
+    Json::Object(out)
 }
 
 /// Drops the copies of shared definitions that `root_schema_for` attaches to each root.
