@@ -505,6 +505,11 @@ where
         Err(error) => {
             if let Some(spec_errors) = error.downcast_ref::<SpecErrors>() {
                 eprint!("error: {spec_errors}");
+                // A hint given as context (preflight's CPU variant) follows the problems.
+                let outermost = error.to_string();
+                if outermost != spec_errors.to_string() {
+                    eprintln!("{outermost}");
+                }
                 return EXIT_INVALID_SPEC;
             }
             if let Some(RunError::Spec(spec_errors)) = error.downcast_ref::<RunError>() {
@@ -543,7 +548,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             let pipeline = load_pipeline(&path, &overrides, registry)?;
             let spec = pipeline.spec();
             if !spec_only {
-                crate::preflight::check(spec).await?;
+                crate::preflight::check_file(spec, &path).await?;
             }
             println!("{}: ok: `{}`, {} steps, {} stages", path.display(), spec.name, spec.steps, spec.stages.len());
             Ok(0)
@@ -575,7 +580,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                     spec.display()
                 );
             }
-            crate::preflight::check(pipeline.spec()).await?;
+            crate::preflight::check_file(pipeline.spec(), &spec).await?;
             let root = ArtifactStore::open(&store)?;
             let resources =
                 LoopResources::open(pipeline.spec()).await.context("opening the run's models and search")?;

@@ -3,6 +3,7 @@
 //! (probed here), every missing one reported at once with how to provide it; and stages that
 //! would train in process without an in-process policy.
 
+use std::path::Path;
 use std::time::Duration;
 
 use sesa_engine::spec::{Location, Spec, SpecError, SpecErrors};
@@ -25,6 +26,22 @@ pub async fn check(spec: &Spec) -> Result<(), SpecErrors> {
         problems.extend(unmet.0);
     }
     if problems.is_empty() { Ok(()) } else { Err(SpecErrors(problems)) }
+}
+
+/// [`check`] for a spec file a user named: a refusal also names the file's CPU variant, if it
+/// has one (`cpu/<same name>` beside it, as `specs/cpu/` holds for the paper's specs), which runs
+/// without any server.
+pub async fn check_file(spec: &Spec, path: &Path) -> anyhow::Result<()> {
+    let Err(problems) = check(spec).await else { return Ok(()) };
+    let variant = path.parent().map(|dir| dir.join("cpu")).zip(path.file_name()).map(|(dir, name)| dir.join(name));
+    let problems = anyhow::Error::new(problems);
+    match variant.filter(|variant| variant.is_file()) {
+        Some(variant) => Err(problems.context(format!(
+            "without these servers, on a CPU: `sesa run {}`, this spec at CPU scale",
+            variant.display()
+        ))),
+        None => Err(problems),
+    }
 }
 
 async fn requirements(spec: &Spec) -> Result<(), SpecErrors> {

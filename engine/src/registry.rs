@@ -154,7 +154,13 @@ impl Registry {
             stage_variants.push(schema);
         }
         let mut properties = serde_json::Map::new();
-        properties.insert("extends".into(), json!({ "type": "string", "description": "Another spec, relative to this file, that this one overrides (deep merge; `key: null` removes a key)." }));
+        properties.insert(
+            "extends".into(),
+            json!({
+                "anyOf": [{ "type": "string" }, { "type": "array", "items": { "type": "string" } }],
+                "description": "Another spec, or a list of them, relative to this file, that this one overrides (deep merge, parents first, each file once; `key: null` removes a key)."
+            }),
+        );
         properties.insert("name".into(), json!({ "type": "string", "minLength": 1, "description": "The experiment's name; runs are named after it." }));
         properties.insert("description".into(), json!({ "type": "string" }));
         properties.insert("seed".into(), json!({ "type": "integer", "minimum": 0, "description": "The run seed; every random choice derives from (seed, step, stage, item)." }));

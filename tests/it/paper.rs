@@ -48,6 +48,8 @@ fn overrides(spec: &str, questions: &Path, trainer: &Path, batches: &Path) -> Ve
             trainer.display(),
             batches.join(spec).display()
         ),
+        // The stand-in trainer's weights go nowhere: no server to reload.
+        "stages.update.external.reload_command=null".into(),
         format!("stages.eval_base={}", evaluate("base")),
         format!("stages.eval_off={}", evaluate("memory_off")),
     ];

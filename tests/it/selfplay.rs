@@ -398,6 +398,33 @@ async fn ablations_differ_exactly_where_they_should() {
     assert!(checked > 0);
 }
 
+/// Invalid proposals are replaced by fallback questions no deeper than `fallback_max_hops`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_questions_can_be_limited_by_hop_count() {
+    let questions = world().join("world/questions.jsonl");
+    let verify = format!(
+        "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, pool_clear_interval: 1, fallback_questions: {}, fallback_max_hops: 1}}",
+        questions.display()
+    );
+    let (_lp, tables) = run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
+    let hops: BTreeMap<String, u8> = sesa_stages::data::datasets::load_questions(&questions)
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.question, q.hops.unwrap()))
+        .collect();
+    assert!(hops.values().any(|&h| h > 1), "the world has deeper questions to leave out");
+    let mut reused = 0;
+    for (_, batch) in &tables["verifications"] {
+        for (source, question) in strings(batch, "source").iter().zip(strings(batch, "solver_question")) {
+            if source == "reused" && hops.contains_key(&question) {
+                assert_eq!(hops[&question], 1, "{question}");
+                reused += 1;
+            }
+        }
+    }
+    assert!(reused > 0, "no invalid proposal was replaced by a fallback question");
+}
+
 /// Greedy evaluation with the bank's skills in the solver's prompt and without: same
 /// questions, one row each per step, the bank version recorded only with memory on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

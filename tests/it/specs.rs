@@ -327,6 +327,7 @@ fn a_paper_spec_names_every_missing_resource_before_a_run_is_created() {
       - --set search.backend.url=http://127.0.0.1:[CLOSED]/retrieve: search.backend.url: nothing answers at http://127.0.0.1:[CLOSED]/retrieve (cannot connect); start a retriever there: Search-R1's `retrieval_server.py` over wiki-18, or `sesa serve-retriever --index DIR` over a BM25 index (`sesa index build`)
       - --set judge.base_url=http://127.0.0.1:[CLOSED]/v1: judge.base_url: nothing answers at http://127.0.0.1:[CLOSED]/v1/models (cannot connect); start an OpenAI-compatible server that serves `judge` at http://127.0.0.1:[CLOSED]/v1 (vLLM: `vllm serve judge`, SGLang: `python -m sglang.launch_server --model-path judge`), or set this key to the URL of yours
       - --set stages.propose.targets=[DIR]/targets.jsonl: stages.propose.targets: `[DIR]/targets.jsonl` does not exist; write it from question sets with `sesa data targets QUESTIONS.jsonl … --out [DIR]/targets.jsonl` (their answers, each with a hop count), or name a generated world's `targets.jsonl` with a `world:` section
+    without these servers, on a CPU: `sesa run specs/cpu/ablation_no_frontier.yaml`, this spec at CPU scale
     ");
 
     // The spec alone is fine.
@@ -530,4 +531,63 @@ fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() 
         text.contains("stages.update: `update` trains `model:` in process, which needs `backend: candle` there"),
         "{text}"
     );
+}
+
+/// Each CPU variant under `specs/cpu/` is its paper spec in the CPU setting: it differs from
+/// `specs/cpu/sesa.yaml` exactly where the paper spec differs from `specs/sesa.yaml` (SSP also
+/// drops the CPU setting's memory keys and evaluates the base policy), and it loads with every
+/// stage kind, so a change to a paper ablation reaches its CPU variant.
+#[test]
+fn cpu_variants_are_the_paper_specs_in_the_cpu_setting() {
+    use std::collections::BTreeMap;
+    fn flatten(value: &serde_yaml::Value, prefix: &str, out: &mut BTreeMap<String, String>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (key, child) in map {
+                    let key = key.as_str().unwrap();
+                    flatten(child, &if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), serde_yaml::to_string(other).unwrap());
+            }
+        }
+    }
+    let specs = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs");
+    let resolved = |path: &Path| {
+        let mut keys = BTreeMap::new();
+        flatten(&sesa_engine::spec::SourceDoc::load(path).unwrap().value, "", &mut keys);
+        keys
+    };
+    // The keys whose value differs, or that only one side has.
+    let diff = |a: &BTreeMap<String, String>, b: &BTreeMap<String, String>| -> Vec<String> {
+        let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        keys.into_iter().filter(|k| a.get(*k) != b.get(*k)).cloned().collect()
+    };
+    let (paper, cpu) = (resolved(&specs.join("sesa.yaml")), resolved(&specs.join("cpu/sesa.yaml")));
+    let mut variants = 0;
+    for entry in std::fs::read_dir(specs.join("cpu")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        load_pipeline(&path, &[], &sesa_stages::registry()).unwrap_or_else(|e| panic!("specs/cpu/{name}: {e}"));
+        if name == "sesa.yaml" {
+            continue;
+        }
+        let mut expected = diff(&paper, &resolved(&specs.join(&name)));
+        let mut found = diff(&cpu, &resolved(&path));
+        if name == "ssp.yaml" {
+            // What only the CPU setting had in the memory's stages, and SSP's base evaluation.
+            let cpu_only = |k: &String| {
+                ["memory.top_k", "stages.solve.skills_from_step", "stages.consolidate.", "stages.eval_on.", "stages.eval_base."]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            };
+            expected.retain(|k| !cpu_only(k));
+            found.retain(|k| !cpu_only(k));
+        }
+        assert!(!expected.is_empty(), "{name}: the paper spec does not differ from sesa.yaml");
+        assert_eq!(found, expected, "specs/cpu/{name} differs from specs/cpu/sesa.yaml elsewhere than specs/{name} from specs/sesa.yaml");
+        variants += 1;
+    }
+    assert_eq!(variants, 4);
 }

@@ -40,60 +40,16 @@ pub struct Location {
 }
 
 impl SourceDoc {
-    /// Loads `path`, follows its `extends:` chain and merges the chain, parent first.
+    /// Loads `path`, follows its `extends:` parents and merges them, parents first.
+    ///
+    /// `extends:` names one spec or a list of them. The files are merged depth first in the order
+    /// listed, each file once: with `extends: [../ablation.yaml, cpu.yaml]` where both extend
+    /// `../sesa.yaml`, the merge is `sesa`, `ablation`, `cpu`, then this file.
     pub fn load(path: &Path) -> Result<SourceDoc, SpecError> {
-        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: HashMap::new() };
-        let mut chain: Vec<(PathBuf, Value)> = Vec::new();
-        let mut seen: Vec<PathBuf> = Vec::new();
-        let mut next = Some(path.to_path_buf());
-        // Who extends the next file: (spec, line, value as written), to say where a missing
-        // parent was named.
-        let mut named_by: Option<(PathBuf, usize, String)> = None;
-        while let Some(file) = next.take() {
-            let canonical = std::fs::canonicalize(&file).map_err(|source| match named_by.take() {
-                Some((from, line, target)) => SpecError::ExtendsMissing {
-                    from,
-                    line,
-                    target,
-                    looked_for: file.clone(),
-                    message: if source.kind() == std::io::ErrorKind::NotFound {
-                        "does not exist (the path is relative to the extending spec's directory)".into()
-                    } else {
-                        format!("cannot be read: {source}")
-                    },
-                },
-                None => SpecError::Io { file: file.clone(), message: source.to_string() },
-            })?;
-            if seen.contains(&canonical) {
-                let mut files: Vec<PathBuf> = chain.iter().map(|(f, _)| f.clone()).collect();
-                files.push(file);
-                return Err(SpecError::ExtendsCycle { files });
-            }
-            seen.push(canonical.clone());
-            let text = std::fs::read_to_string(&file)
-                .map_err(|source| SpecError::Io { file: file.clone(), message: source.to_string() })?;
-            let mut value = parse_mapping(&text, &file)?;
-            let map = value.as_mapping_mut().expect("parse_mapping returns a mapping");
-            if let Some(parent) = map.remove("extends") {
-                let Value::String(parent) = parent else {
-                    return Err(SpecError::Type {
-                        location: Location {
-                            file: Some(file.clone()),
-                            line: locate_key(&text, &["extends"]),
-                            argument: None,
-                        },
-                        key: "extends".into(),
-                        message: "expected the path of another spec, relative to this file".into(),
-                    });
-                };
-                let base = file.parent().unwrap_or(Path::new(""));
-                next = Some(base.join(&parent));
-                named_by = Some((file.clone(), locate_key(&text, &["extends"]).unwrap_or(1), parent));
-            }
-            doc.texts.insert(file.clone(), text);
-            chain.push((file, value));
-        }
-        for (file, value) in chain.into_iter().rev() {
+        let mut files = Linearized::default();
+        files.visit(path, None, &mut Vec::new())?;
+        let mut doc = SourceDoc { value: Value::Null, origins: HashMap::new(), texts: files.texts };
+        for (file, value) in files.merge_order {
             let origin = Origin::File(file);
             merge(&mut doc.value, value, "", &origin, &mut doc.origins);
         }
@@ -202,6 +158,77 @@ impl SourceDoc {
             Origin::File(file) => Some(file.as_path()),
             Origin::Override(_) => None,
         })
+    }
+}
+
+/// The files of an `extends:` graph in the order they are merged.
+#[derive(Default)]
+struct Linearized {
+    merge_order: Vec<(PathBuf, Value)>,
+    texts: HashMap<PathBuf, String>,
+    merged: Vec<PathBuf>,
+}
+
+/// Who named a file in `extends:`: (spec, line, value as written), to say where a missing parent
+/// was named.
+type NamedBy = (PathBuf, usize, String);
+
+impl Linearized {
+    /// Adds `file` after its parents, unless it is already in. `stack` holds the files being
+    /// visited (canonical, as named), to report a cycle.
+    fn visit(&mut self, file: &Path, named_by: Option<NamedBy>, stack: &mut Vec<(PathBuf, PathBuf)>) -> Result<(), SpecError> {
+        let canonical = std::fs::canonicalize(file).map_err(|source| match named_by {
+            Some((from, line, target)) => SpecError::ExtendsMissing {
+                from,
+                line,
+                target,
+                looked_for: file.to_path_buf(),
+                message: if source.kind() == std::io::ErrorKind::NotFound {
+                    "does not exist (the path is relative to the extending spec's directory)".into()
+                } else {
+                    format!("cannot be read: {source}")
+                },
+            },
+            None => SpecError::Io { file: file.to_path_buf(), message: source.to_string() },
+        })?;
+        if stack.iter().any(|(seen, _)| seen == &canonical) {
+            let mut files: Vec<PathBuf> = stack.iter().map(|(_, named)| named.clone()).collect();
+            files.push(file.to_path_buf());
+            return Err(SpecError::ExtendsCycle { files });
+        }
+        if self.merged.contains(&canonical) {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|source| SpecError::Io { file: file.to_path_buf(), message: source.to_string() })?;
+        let mut value = parse_mapping(&text, file)?;
+        let map = value.as_mapping_mut().expect("parse_mapping returns a mapping");
+        let line = locate_key(&text, &["extends"]);
+        let parents = match map.remove("extends") {
+            None => Vec::new(),
+            Some(Value::String(parent)) => vec![parent],
+            Some(Value::Sequence(parents)) if parents.iter().all(Value::is_string) => {
+                parents.into_iter().filter_map(|p| p.as_str().map(str::to_string)).collect()
+            }
+            Some(_) => {
+                return Err(SpecError::Type {
+                    location: Location { file: Some(file.to_path_buf()), line, argument: None },
+                    key: "extends".into(),
+                    message: "expected the path of another spec, or a list of them, relative to this file".into(),
+                });
+            }
+        };
+        stack.push((canonical.clone(), file.to_path_buf()));
+        let base = file.parent().unwrap_or(Path::new(""));
+        for parent in parents {
+            let named_by = (file.to_path_buf(), line.unwrap_or(1), parent.clone());
+            self.visit(&base.join(&parent), Some(named_by), stack)?;
+        }
+        stack.pop();
+        self.merged.push(canonical);
+        self.texts.insert(file.to_path_buf(), text);
+        self.merge_order.push((file.to_path_buf(), value));
+        Ok(())
     }
 }
 

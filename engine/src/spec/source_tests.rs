@@ -42,6 +42,33 @@ fn extends_chains_merge_deeply_and_null_removes() {
     assert_eq!(doc.root_file(), Some(leaf.as_path()));
 }
 
+/// A list of parents merges each file once, parents first, in the order listed: the shared
+/// grandparent is not merged again over what the first parent removed.
+#[test]
+fn extends_a_list_merges_each_file_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "base.yaml", "name: base\nsteps: 5\nstages:\n  a: {kind: k, rows: 2}\n  b: {kind: k}\n");
+    write(dir.path(), "ablation.yaml", "extends: base.yaml\nname: ablation\nstages:\n  b: null\n");
+    write(dir.path(), "small.yaml", "extends: base.yaml\nsteps: 2\nstages:\n  a: {rows: 1}\n");
+    let leaf = write(dir.path(), "leaf.yaml", "extends: [ablation.yaml, small.yaml]\nseed: 3\n");
+    let doc = SourceDoc::load(&leaf).unwrap();
+    insta::assert_snapshot!(yaml(&doc), @"
+    name: ablation
+    steps: 2
+    stages:
+      a:
+        kind: k
+        rows: 1
+    seed: 3
+    ");
+    assert_eq!(doc.locate("stages.a.rows").file.unwrap(), dir.path().join("small.yaml"));
+    assert_eq!(doc.locate("name").file.unwrap(), dir.path().join("ablation.yaml"));
+
+    let bad = write(dir.path(), "bad.yaml", "name: bad\nextends: {file: base.yaml}\n");
+    let message = SourceDoc::load(&bad).unwrap_err().to_string();
+    assert!(message.contains("bad.yaml:2") && message.contains("or a list of them"), "{message}");
+}
+
 #[test]
 fn an_extends_cycle_is_reported_with_the_chain() {
     let dir = tempfile::tempdir().unwrap();

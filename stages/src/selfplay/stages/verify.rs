@@ -91,6 +91,10 @@ pub struct VerifyConfig {
     /// a dummy: for small proposers that rarely write a valid question (the quickstart).
     #[serde(default)]
     pub fallback_questions: Option<std::path::PathBuf>,
+    /// Only the fallback questions of at most this many hops (their `hops` field; a generated
+    /// world's questions have one): the depths a small solver can answer at all.
+    #[serde(default)]
+    pub fallback_max_hops: Option<u8>,
 }
 
 fn four() -> usize {
@@ -115,6 +119,24 @@ impl Verify {
             AnswerMatch::Exact => exact_match(answer, &[target.to_string()]) > 0.0,
             AnswerMatch::Contains => contains_answer(answer, target),
         }
+    }
+
+    /// `fallback_questions`, less those deeper than `fallback_max_hops`.
+    fn load_fallback(&self, path: &std::path::Path) -> Result<Vec<crate::data::datasets::Question>, StageError> {
+        let mut questions = load_questions(path).map_err(|e| failed("fallback questions", e))?;
+        if let Some(max) = self.config.fallback_max_hops {
+            questions.retain(|q| q.hops.is_some_and(|hops| hops <= max));
+            if questions.is_empty() {
+                return Err(failed(
+                    "fallback questions",
+                    format!(
+                        "{} has no question with a `hops` field of at most {max} (fallback_max_hops); raise it or remove it",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(questions)
     }
 }
 
@@ -289,7 +311,7 @@ impl Stage for Verify {
         let available = pool.clone();
         let fallback = match (&self.config.fallback_questions, available.is_empty()) {
             (Some(path), true) => {
-                self.fallback.get(|| load_questions(path).map_err(|e| failed("fallback questions", e)))?
+                self.fallback.get(|| self.load_fallback(path))?
             }
             _ => Default::default(),
         };
