@@ -54,13 +54,20 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
     let (root, run_id) = split_run_location(&run.location())?;
     let root = ArtifactStore::open(&root)?;
     let batches = sesa_engine::read_table(&root, &run_id, "step_metrics").await?;
-    if batches.is_empty() {
-        return Ok(());
-    }
+    print!("{}", loop_summary(&batches)?);
+    Ok(())
+}
+
+/// The text of [`print_loop_summary`]: a row of [`STEP_SUMMARY`] numbers per step, then each
+/// stage's wall time split into generation, search and training (`generation_ms`, `search_ms`,
+/// `train_ms`), and the share of stage time that none of them explains.
+fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)]) -> Result<String> {
+    use std::fmt::Write;
+    let mut out = String::new();
     let mut steps: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, f64>> = Default::default();
-    // Per stage: wall, generation and search milliseconds over the run.
-    let mut stages: std::collections::BTreeMap<String, [f64; 3]> = Default::default();
-    for (step, batch) in &batches {
+    // Per stage: wall, generation, search and training milliseconds over the run.
+    let mut stages: std::collections::BTreeMap<String, [f64; 4]> = Default::default();
+    for (step, batch) in batches {
         let column = |name: &str| batch.column_by_name(name).cloned();
         let (Some(names), Some(metrics), Some(values)) = (column("stage"), column("metric"), column("value")) else {
             continue;
@@ -71,7 +78,7 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
         let row = steps.entry(*step).or_default();
         for ((stage, metric), value) in names.iter().zip(metrics.iter()).zip(values.iter()) {
             let (Some(stage), Some(metric), Some(value)) = (stage, metric, value) else { continue };
-            let slot = ["wall_ms", "generation_ms", "search_ms"].iter().position(|m| *m == metric);
+            let slot = ["wall_ms", "generation_ms", "search_ms", "train_ms"].iter().position(|m| *m == metric);
             if let Some(slot) = slot {
                 stages.entry(stage.to_string()).or_default()[slot] += value;
             }
@@ -84,13 +91,13 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
         }
     }
     if !steps.values().any(|row| STEP_SUMMARY.iter().any(|(metric, _)| row.contains_key(*metric))) {
-        return Ok(());
+        return Ok(out);
     }
     let mut header = format!("{:>6}", "step");
     for (_, title) in STEP_SUMMARY {
         header.push_str(&format!(" {title:>9}"));
     }
-    println!("{header}");
+    writeln!(out, "{header}")?;
     for (step, row) in &steps {
         let mut line = format!("{step:>6}");
         for (metric, _) in STEP_SUMMARY {
@@ -101,21 +108,24 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
             };
             line.push_str(&format!(" {cell:>9}"));
         }
-        println!("{line}");
+        writeln!(out, "{line}")?;
     }
-    println!("{:<12} {:>10} {:>12} {:>10}", "stage", "wall s", "generation s", "search s");
-    let mut totals = [0.0; 3];
-    for (stage, [wall, generation, search]) in &stages {
-        println!("{stage:<12} {:>10.1} {:>12.1} {:>10.2}", wall / 1e3, generation / 1e3, search / 1e3);
-        totals = [totals[0] + wall, totals[1] + generation, totals[2] + search];
+    writeln!(out, "{:<16} {:>10} {:>12} {:>10} {:>10}", "stage", "wall s", "generation s", "search s", "training s")?;
+    let mut totals = [0.0; 4];
+    for (stage, times) in &stages {
+        let [wall, generation, search, training] = times.map(|ms| ms / 1e3);
+        writeln!(out, "{stage:<16} {wall:>10.1} {generation:>12.1} {search:>10.2} {training:>10.1}")?;
+        totals.iter_mut().zip(times).for_each(|(total, ms)| *total += ms);
     }
-    if totals[0] > 0.0 {
-        println!(
-            "outside generation and search: {:.1}% of stage time",
-            100.0 * (totals[0] - totals[1] - totals[2]).max(0.0) / totals[0]
-        );
+    let [wall, generation, search, training] = totals;
+    if wall > 0.0 {
+        writeln!(
+            out,
+            "outside generation, search and training: {:.1}% of stage time",
+            100.0 * (wall - generation - search - training).max(0.0) / wall
+        )?;
     }
-    Ok(())
+    Ok(out)
 }
 
 /// One line per committed step: wall time, then rows per table.
@@ -148,4 +158,43 @@ async fn print_summary(run: &Run) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Float64Array, RecordBatch, StringArray};
+
+    fn metrics(rows: &[(&str, &str, f64)]) -> RecordBatch {
+        let stages = StringArray::from_iter_values(rows.iter().map(|r| r.0));
+        let names = StringArray::from_iter_values(rows.iter().map(|r| r.1));
+        RecordBatch::try_from_iter([
+            ("stage", Arc::new(stages) as arrow_array::ArrayRef),
+            ("metric", Arc::new(names)),
+            ("value", Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2)))),
+        ])
+        .unwrap()
+    }
+
+    /// Training and evaluation time count as what they are, not as time outside everything.
+    #[test]
+    fn training_and_evaluation_time_are_attributed() {
+        let step = metrics(&[
+            ("warmup", "train_ms", 9_000.0),
+            ("warmup", "wall_ms", 10_000.0),
+            ("eval", "generation_ms", 3_000.0),
+            ("eval", "search_ms", 500.0),
+            ("eval", "wall_ms", 4_000.0),
+            ("solve", "valid_rate", 0.5),
+            ("solve", "generation_ms", 1_000.0),
+            ("solve", "wall_ms", 1_000.0),
+        ]);
+        let text = super::loop_summary(&[(1, step)]).unwrap();
+        let line = |stage: &str| text.lines().find(|l| l.starts_with(stage)).unwrap().split_whitespace().collect::<Vec<_>>();
+        assert_eq!(line("warmup"), ["warmup", "10.0", "0.0", "0.00", "9.0"], "{text}");
+        assert_eq!(line("eval"), ["eval", "4.0", "3.0", "0.50", "0.0"], "{text}");
+        // (15 − 4 − 0.5 − 9) s of 15 s.
+        assert!(text.contains("outside generation, search and training: 10.0% of stage time"), "{text}");
+    }
 }

@@ -323,6 +323,8 @@ impl Stage for Evaluate {
         };
         let mut rows = Vec::new();
         let mut metrics: Vec<(String, f64)> = Vec::new();
+        // Where the episodes' wall time went, over every benchmark.
+        let (mut generation, mut search_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         let benchmarks = self.benchmarks.get(|| {
             self.config
                 .benchmarks
@@ -360,7 +362,11 @@ impl Stage for Evaluate {
             let mut progress = cx.progress(episodes.len() as u64);
             let mut trajectories = Vec::with_capacity(episodes.len());
             for chunk in episodes.chunks(self.config.concurrency) {
-                trajectories.extend(agent.run(chunk).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?);
+                let (chunk_trajectories, busy) =
+                    agent.run_timed(chunk).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?;
+                trajectories.extend(chunk_trajectories);
+                generation += busy.generation;
+                search_time += busy.search;
                 progress.inc(chunk.len() as u64);
             }
             let start = rows.len();
@@ -421,6 +427,8 @@ impl Stage for Evaluate {
                 metrics.push((format!("average/{metric}"), mean(values)));
             }
         }
+        metrics.push(("generation_ms".into(), generation.as_secs_f64() * 1e3));
+        metrics.push(("search_ms".into(), search_time.as_secs_f64() * 1e3));
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
         let metric_rows: Vec<(&str, f64)> = metrics.iter().map(|(m, v)| (m.as_str(), *v)).collect();
         Ok(Tables::new()
