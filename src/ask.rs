@@ -4,15 +4,26 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
 
-use anyhow::Result;
-use sesa_engine::Registry;
+use anyhow::{Context, Result, bail};
+use serde_yaml::Value;
 use sesa_engine::spec::{SourceDoc, Spec};
+use sesa_engine::{ArtifactStore, Registry, Run, pipeline_from_text};
 use sesa_stages::agent::{Episode, Outcome, Role};
+use sesa_stages::memory::{MemorySection, SkillBank, prompt_block};
 use sesa_stages::sections::AgentSetup;
+
+/// Whose policy answers.
+pub enum Asked<'a> {
+    /// A spec's `model:` as written (its initial policy).
+    Spec(&'a Path),
+    /// A run's trained policy (the last version, or `version`), with its last bank's top-k
+    /// skills in the solver's prompt when `memory` is set.
+    Run { location: &'a str, version: Option<u64>, memory: bool },
+}
 
 /// What to ask.
 pub struct Ask<'a> {
-    pub spec: &'a Path,
+    pub asked: Asked<'a>,
     pub overrides: &'a [String],
     pub role: Role,
     /// The question (solver) or the target answer (proposer).
@@ -21,14 +32,28 @@ pub struct Ask<'a> {
     pub seed: u64,
 }
 
-/// Runs one episode with the spec's model, search, budgets and prompts, and prints it.
+/// Runs one episode with the spec's (or run's) model, search, budgets and prompts, and prints it.
 pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
-    let mut source = SourceDoc::load(request.spec).map_err(sesa_engine::SpecErrors::from)?;
-    source.apply_overrides(request.overrides).map_err(sesa_engine::SpecErrors::from)?;
-    let spec = Spec::from_source(&source, registry)?;
+    let (spec, skills) = match request.asked {
+        Asked::Spec(path) => {
+            let mut source = SourceDoc::load(path).map_err(sesa_engine::SpecErrors::from)?;
+            source.apply_overrides(request.overrides).map_err(sesa_engine::SpecErrors::from)?;
+            (Spec::from_source(&source, registry)?, String::new())
+        }
+        Asked::Run { location, version, memory } => {
+            let (spec, policy) = run_spec(location, version, request.overrides, registry).await?;
+            let skills = match memory {
+                true if request.role == Role::Proposer => bail!("--memory: only the solver's prompt holds skills"),
+                true => retrieved_skills(&spec, location, request.text).await?,
+                false => String::new(),
+            };
+            eprintln!("asking {policy} of {location}{}", if memory { ", with its last bank" } else { "" });
+            (spec, skills)
+        }
+    };
     let setup = AgentSetup::from_spec(&spec).await?;
     let values = match request.role {
-        Role::Solver => BTreeMap::from([("question", request.text.to_string())]),
+        Role::Solver => BTreeMap::from([("question", request.text.to_string()), ("skills", skills)]),
         Role::Proposer => BTreeMap::from([("answer", request.text.to_string()), ("hops", request.hops.to_string())]),
     };
     let prompt = setup.policy.render_chat(&setup.template(request.role)?.render(&values));
@@ -64,4 +89,45 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
         if trajectory.tokens_exact { "" } else { " (token ids not exact: the backend does not give them)" }
     );
     Ok(0)
+}
+
+/// A run's spec with its trained policy in `model:` (exported once, as `sesa eval` does), and
+/// that policy in words.
+async fn run_spec(location: &str, version: Option<u64>, overrides: &[String], registry: &Registry) -> Result<(Spec, String)> {
+    let (root_location, run_id) = crate::cli::split_run_location(location)?;
+    let root = ArtifactStore::open(&root_location)?;
+    let run = Run::inspect(&root, &run_id, registry)
+        .await
+        .with_context(|| format!("`{location}` is not a run (for a spec, use --spec)"))?;
+    let mut doc = run.pipeline().spec().resolved.clone();
+    let policy = match crate::eval::trained_policy(&root, &run, version).await? {
+        Some((version, dir)) => {
+            let model = doc.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
+            model.insert("model".into(), dir.to_string_lossy().into_owned().into());
+            model.insert("policy_version".into(), version.into());
+            format!("policy version {version}")
+        }
+        None if version.is_some() => {
+            bail!("run {run_id} trained no policy in process, so it has no version to load; its `model:` serves its policy")
+        }
+        None => "the policy its `model:` serves".into(),
+    };
+    let label = format!("the spec of {location}");
+    let pipeline = pipeline_from_text(&serde_yaml::to_string(&doc)?, &label, overrides, registry)?;
+    Ok((pipeline.spec().clone(), policy))
+}
+
+/// The skills block the solver would see for `question`: the top-k of the run's last bank.
+async fn retrieved_skills(spec: &Spec, location: &str, question: &str) -> Result<String> {
+    let memory = spec.section::<MemorySection>().context("--memory: the run has no `memory:` section")?;
+    let (version, skills) = crate::skills::bank_at(location, None).await?;
+    let embedder = memory.open_embedder().await?;
+    let texts: Vec<String> = skills.iter().map(|s| s.text.embedding_text()).collect();
+    let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let bank = SkillBank::restore(memory.bank_config(), skills, vectors, version);
+    let top = bank.top_k(&embedder.embed_one(question)?, memory.top_k);
+    for (skill, similarity) in &top {
+        eprintln!("skill {} (bank version {version}, cosine {similarity:.2}): {}", skill.id, skill.text.description);
+    }
+    Ok(prompt_block(&top.iter().map(|(skill, _)| *skill).collect::<Vec<_>>()))
 }

@@ -280,8 +280,17 @@ enum Command {
         /// The question (solver), or the target answer (proposer).
         text: String,
         /// The spec whose `model:`, `search:`, `agent:` and `prompts:` sections to use.
+        #[arg(long, required_unless_present = "run", conflicts_with = "run")]
+        spec: Option<PathBuf>,
+        /// A run (`runs/<run-id>`): its trained policy and sections answer.
         #[arg(long)]
-        spec: PathBuf,
+        run: Option<String>,
+        /// With --run: the policy version (default: its last).
+        #[arg(long, requires = "run")]
+        version: Option<u64>,
+        /// With --run: the top-k skills of its last bank in the solver's prompt, as `solve` puts them.
+        #[arg(long, requires = "run")]
+        memory: bool,
         /// Override a key, as with `run`.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
@@ -696,16 +705,17 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             println!("checkpoint: {}", result.checkpoint);
             Ok(0)
         }
-        Command::Ask { text, spec, overrides, role, hops, seed } => {
+        Command::Ask { text, spec, run, version, memory, overrides, role, hops, seed } => {
             let role = match role {
                 AskRole::Solver => Role::Solver,
                 AskRole::Proposer => Role::Proposer,
             };
-            crate::ask::ask(
-                crate::ask::Ask { spec: &spec, overrides: &overrides, role, text: &text, hops, seed },
-                registry,
-            )
-            .await
+            let asked = match (&spec, &run) {
+                (Some(spec), _) => crate::ask::Asked::Spec(spec),
+                (None, Some(run)) => crate::ask::Asked::Run { location: run, version, memory },
+                (None, None) => anyhow::bail!("name a spec (--spec FILE) or a run (--run runs/<run-id>)"),
+            };
+            crate::ask::ask(crate::ask::Ask { asked, overrides: &overrides, role, text: &text, hops, seed }, registry).await
         }
         Command::Model { command: ModelCommand::Fetch { name } } => {
             let home = models::sesa_home();

@@ -77,16 +77,25 @@ fn export_dir(run_id: &str) -> PathBuf {
 /// The evaluated run's trained policy as a Hugging Face directory, exported once (so a resumed
 /// evaluation finds it); `None` when the run trained nothing in process (the policy its
 /// `model:` serves is then the one evaluated).
-async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
+pub(crate) async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
     let Some(ModelSection::Candle(_)) = run.pipeline().spec().section::<ModelSection>().as_deref() else {
         return Ok(None);
     };
-    let trained = read_table(root, run.id(), "policy_versions").await?.iter().any(|(_, b)| b.num_rows() > 0);
-    if !trained {
-        if let Some(version) = version {
-            bail!("run {} trained no policy version, so it has no version {version}", run.id());
+    let mut versions = Vec::new();
+    for (_, batch) in read_table(root, run.id(), "policy_versions").await? {
+        let reader = Reader::new("policy_versions", &batch);
+        let models = reader.str("model")?;
+        let numbers = reader.u64("version")?;
+        versions.extend(models.iter().zip(numbers).filter(|(m, _)| **m == TrainedModel::Model.key()).map(|(_, v)| v));
+    }
+    match version {
+        None if versions.is_empty() => return Ok(None),
+        Some(version) if !versions.contains(&version) => {
+            let made: Vec<String> = versions.iter().map(u64::to_string).collect();
+            let made = if made.is_empty() { "none".into() } else { made.join(", ") };
+            bail!("run {} has no policy version {version} (its versions: {made})", run.id());
         }
-        return Ok(None);
+        _ => {}
     }
     let staging = export_dir(run.id()).join("policy.partial");
     let version = crate::export::export_policy(root, run, TrainedModel::Model, version, &staging).await?;

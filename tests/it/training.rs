@@ -407,6 +407,31 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     let (served, initial) = (gap(&exported), gap(&weights));
     assert!(served < 1e-4, "the export scores the served tokens {served} nats apart");
     assert!(initial > 100.0 * served.max(1e-6), "the initial weights score them alike ({initial} nats apart)");
+
+    // `sesa ask --run` puts a question to the run's version 3: the same episode as the spec
+    // with the exported version 3 in `model:`, not the initial weights'.
+    let ask = |args: &[&str]| {
+        let mut all = vec!["ask", "Where was the founder of Minyny Institute born?", "--seed", "5"];
+        all.extend(args);
+        let output = sesa_with(ChildRegistry::Stages, &all, dir.path())
+            .env("SESA_HOME", dir.path().join("home"))
+            .output()
+            .expect("the child process starts");
+        (output.status.code(), stdout(&output), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let without_time = |printed: String| printed[..printed.rfind(" in ").unwrap_or(printed.len())].to_string();
+    let (code, from_run, stderr) = ask(&["--run", run.to_str().unwrap(), "--version", "3"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("asking policy version 3 of"), "{stderr}");
+    let exported_model = format!("model={{backend: candle, model: {}, cache_tokens: 2048}}", export.display());
+    let (_, from_export, _) = ask(&["--spec", spec_arg, "--set", &exported_model]);
+    let (_, from_initial, _) = ask(&["--spec", spec_arg]);
+    assert_eq!(without_time(from_run.clone()), without_time(from_export));
+    assert_ne!(without_time(from_run), without_time(from_initial), "the initial weights answer alike");
+    let (code, _, stderr) = ask(&["--run", run.to_str().unwrap(), "--version", "9"]);
+    assert!(code == Some(1) && stderr.contains("no policy version 9 (its versions: 1, 2, 3, 4)"), "{stderr}");
+    let (code, _, stderr) = ask(&["--run", run.to_str().unwrap(), "--memory"]);
+    assert!(code == Some(1) && stderr.contains("no `memory:` section"), "{stderr}");
 }
 
 /// The column `name` of `batch`, a list column, as vectors.

@@ -19,7 +19,7 @@ pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, pars
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
 pub use self::sanitize::{clean, limits};
 pub use self::section::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig};
-pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText};
+pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText, prompt_block};
 pub use self::tables::{SKILL_EVENTS_SCHEMA, SKILLS_SCHEMA, events_batch, skills_batch, skills_from_batch};
 
 #[cfg(test)]

@@ -106,6 +106,15 @@ impl SkillMeta {
     }
 }
 
+/// The skills block of the solver's prompt (`{skills}`; empty without skills).
+pub fn prompt_block(skills: &[&Skill]) -> String {
+    if skills.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<String> = skills.iter().map(|s| s.text.render()).collect();
+    format!("Search strategies that helped on similar questions:\n{}\n\n", lines.join("\n"))
+}
+
 /// A skill in a bank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

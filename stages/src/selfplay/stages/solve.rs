@@ -102,20 +102,11 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
     for (k, vector) in vectors.iter().enumerate() {
         let top = bank.top_k(vector, memory.top_k);
         let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
-        retrieval.blocks[k] = skills_block(&skills);
+        retrieval.blocks[k] = crate::memory::prompt_block(&skills);
         retrieval.skills[k] =
             top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
     }
     Ok(retrieval)
-}
-
-/// The skills block of the solver's prompt (empty without skills).
-fn skills_block(skills: &[&crate::memory::Skill]) -> String {
-    if skills.is_empty() {
-        return String::new();
-    }
-    let lines: Vec<String> = skills.iter().map(|s| s.text.render()).collect();
-    format!("Search strategies that helped on similar questions:\n{}\n\n", lines.join("\n"))
 }
 
 impl Stage for Solve {
