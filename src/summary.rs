@@ -54,16 +54,21 @@ async fn print_loop_summary(run: &Run) -> Result<()> {
     let (root, run_id) = split_run_location(&run.location())?;
     let root = ArtifactStore::open(&root)?;
     let batches = sesa_engine::read_table(&root, &run_id, "step_metrics").await?;
-    print!("{}", loop_summary(&batches)?);
+    let order: Vec<String> = run.pipeline().spec().stages.iter().map(|s| s.name.clone()).collect();
+    print!("{}", loop_summary(&batches, &order)?);
     Ok(())
 }
 
-/// The text of [`print_loop_summary`]: a row of [`STEP_SUMMARY`] numbers per step, then each
-/// stage's wall time split into generation, search and training (`generation_ms`, `search_ms`,
+/// The text of [`print_loop_summary`]: a row of [`STEP_SUMMARY`] numbers per step; per
+/// benchmark, its exact match at each evaluation in run order (steps, then the spec's stage
+/// `order`: a warm start's evaluation before and after it reads as one line); then each stage's
+/// wall time split into generation, search and training (`generation_ms`, `search_ms`,
 /// `train_ms`), and the share of stage time that none of them explains.
-fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)]) -> Result<String> {
+fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)], order: &[String]) -> Result<String> {
     use std::fmt::Write;
     let mut out = String::new();
+    // Per benchmark: (step, stage's place in `order`, stage, exact match).
+    let mut evaluations: std::collections::BTreeMap<String, Vec<(u64, usize, String, f64)>> = Default::default();
     let mut steps: std::collections::BTreeMap<u64, std::collections::BTreeMap<String, f64>> = Default::default();
     // Per stage: wall, generation, search and training milliseconds over the run.
     let mut stages: std::collections::BTreeMap<String, [f64; 4]> = Default::default();
@@ -78,6 +83,10 @@ fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)]) -> Result<String> {
         let row = steps.entry(*step).or_default();
         for ((stage, metric), value) in names.iter().zip(metrics.iter()).zip(values.iter()) {
             let (Some(stage), Some(metric), Some(value)) = (stage, metric, value) else { continue };
+            if let Some(benchmark) = metric.strip_suffix("/em").filter(|b| !b.contains('/') && *b != "average") {
+                let place = order.iter().position(|s| s == stage).unwrap_or(order.len());
+                evaluations.entry(benchmark.to_string()).or_default().push((*step, place, stage.to_string(), value));
+            }
             let slot = ["wall_ms", "generation_ms", "search_ms", "train_ms"].iter().position(|m| *m == metric);
             if let Some(slot) = slot {
                 stages.entry(stage.to_string()).or_default()[slot] += value;
@@ -109,6 +118,14 @@ fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)]) -> Result<String> {
             line.push_str(&format!(" {cell:>9}"));
         }
         writeln!(out, "{line}")?;
+    }
+    for (benchmark, mut points) in evaluations {
+        points.sort_by_key(|&(step, place, _, _)| (step, place));
+        let points: Vec<String> = points
+            .iter()
+            .map(|(step, _, stage, em)| format!("{:.1}% ({stage}, step {step})", 100.0 * em))
+            .collect();
+        writeln!(out, "{benchmark} exact match: {}", points.join(" → "))?;
     }
     writeln!(out, "{:<16} {:>10} {:>12} {:>10} {:>10}", "stage", "wall s", "generation s", "search s", "training s")?;
     let mut totals = [0.0; 4];
@@ -190,11 +207,33 @@ mod tests {
             ("solve", "generation_ms", 1_000.0),
             ("solve", "wall_ms", 1_000.0),
         ]);
-        let text = super::loop_summary(&[(1, step)]).unwrap();
+        let text = super::loop_summary(&[(1, step)], &[]).unwrap();
         let line = |stage: &str| text.lines().find(|l| l.starts_with(stage)).unwrap().split_whitespace().collect::<Vec<_>>();
         assert_eq!(line("warmup"), ["warmup", "10.0", "0.0", "0.00", "9.0"], "{text}");
         assert_eq!(line("eval"), ["eval", "4.0", "3.0", "0.50", "0.0"], "{text}");
         // (15 − 4 − 0.5 − 9) s of 15 s.
         assert!(text.contains("outside generation, search and training: 10.0% of stage time"), "{text}");
+    }
+
+    /// A benchmark's evaluations read as one line in run order: steps, then the spec's order
+    /// of stages (not their names' order).
+    #[test]
+    fn evaluations_of_a_benchmark_read_as_one_line_in_run_order() {
+        let first = metrics(&[
+            ("after", "held_out/em", 0.4),
+            ("after", "held_out/hops1/em", 0.9),
+            ("after", "average/em", 0.4),
+            ("before", "held_out/em", 0.0),
+            ("solve", "valid_rate", 0.5),
+        ]);
+        let third = metrics(&[("eval", "held_out/em", 0.45)]);
+        let order = ["before", "warmup", "after", "solve", "eval"].map(String::from);
+        let text = super::loop_summary(&[(1, first), (3, third)], &order).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("exact match")).collect();
+        assert_eq!(
+            lines,
+            ["held_out exact match: 0.0% (before, step 1) → 40.0% (after, step 1) → 45.0% (eval, step 3)"],
+            "{text}"
+        );
     }
 }

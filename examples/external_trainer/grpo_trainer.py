@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A reference external trainer for sesa's `update` stage, in PyTorch: a starting point for
-wiring verl, OpenRLHF or your own trainer to sesa. See the README, "External trainer".
+wiring verl, OpenRLHF or your own trainer to sesa. See docs/external-trainer.md.
 
 sesa runs it as `COMMAND... MANIFEST` with SESA_MANIFEST, SESA_RESULT and SESA_CHECKPOINT_DIR
 set. It reads the step's batch (Parquet: one row per trajectory, with sesa's advantages),

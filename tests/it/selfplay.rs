@@ -561,7 +561,8 @@ async fn sesa_skills_reads_a_runs_bank() {
 }
 
 /// One short step of `specs/quickstart.yaml` with the real SmolLM2 and MiniLM on the CPU (both
-/// fetched into the model cache on first use): tiny batches and budgets, consolidation on step 1.
+/// fetched into the model cache on first use): a warm start on four demonstrations evaluated
+/// before and after on two questions, tiny batches and budgets, consolidation on step 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_real_run_of_the_quickstart() {
     let dir = tempfile::tempdir().unwrap();
@@ -575,6 +576,11 @@ async fn a_short_real_run_of_the_quickstart() {
         format!("search.backend.corpus={tmp}/world/corpus.jsonl"),
         format!("stages.propose.targets={tmp}/world/targets.jsonl"),
         format!("stages.verify.fallback_questions={tmp}/world/questions.jsonl"),
+        format!("stages.warmup.world.questions={tmp}/world/questions.jsonl"),
+        "stages.warmup.world.held_out=2".into(),
+        "stages.warmup.world.limit=4".into(),
+        format!("stages.before.benchmarks={{held_out: {{questions: {tmp}/world/questions.jsonl, last: 2}}}}"),
+        format!("stages.after.benchmarks={{held_out: {{questions: {tmp}/world/questions.jsonl, last: 2}}}}"),
         "stages.propose.batch=1".into(),
         "stages.solve.n_rollouts=2".into(),
         "agent.max_turns=2".into(),
@@ -602,6 +608,10 @@ async fn a_short_real_run_of_the_quickstart() {
     let exact = rollouts[0].1.column_by_name("tokens_exact").unwrap();
     let exact = exact.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
     assert!(exact.iter().all(|e| e == Some(true)), "the candle backend gives exact token ids");
+    let versions = table("policy_versions").await;
+    assert_eq!(versions[0].1.num_rows(), 1, "the warm start made a policy version");
+    let evals = table("evals").await;
+    assert_eq!(evals.iter().map(|(_, b)| b.num_rows()).sum::<usize>(), 4, "two questions before, two after");
     let seeds = table("skills").await;
     assert_eq!(seeds[0].1.num_rows(), 15, "priming's snapshot holds the seed skills");
     let consolidations = table("consolidations").await;

@@ -4,7 +4,7 @@
 //! single matrix product over all of them, and only attention runs text by text. candle-transformers'
 //! BERT pads each batch to its longest text, copies tensors between layouts for attention and
 //! evaluates GELU through libm's scalar `erf`; on two cores it embedded 0.4× as many texts per
-//! second as sentence-transformers (README, benchmarks). The arithmetic is the same (post-norm
+//! second as sentence-transformers (docs/benchmarks.md). The arithmetic is the same (post-norm
 //! BERT, exact-erf GELU to 1e-7), so the vectors agree with candle's to rounding (tested).
 
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! the CPU (weights dequantized to F32 at load, read with candle's GGUF reader).
 //!
 //! It exists for speed where mistral.rs 0.8.1 is slow on the CPU (about 7 solver trajectories
-//! a minute where this backend runs 60, README "Benchmarks"):
+//! a minute where this backend runs 60, docs/benchmarks.md):
 //! - Continuous batching ([`scheduler`]): every running request decodes in one forward step,
 //!   one projection per layer for all of them; requests join and leave between steps.
 //! - Each trajectory's KV cache is kept after its turn, so the next turn feeds only the new

@@ -1,7 +1,7 @@
 //! The external-trainer contract: where one machine is not enough, an existing distributed
 //! trainer (verl, OpenRLHF) takes each step's update batch and the policy servers reload what
 //! it wrote. sesa keeps the loop, the rewards and the advantages; the trainer only minimises
-//! the loss. The contract, step by step (README, "External trainer"):
+//! the loss. The contract, step by step (docs/external-trainer.md):
 //!
 //! 1. sesa writes `DIR/step-NNNNNNNN/batch.parquet` (one row per trajectory: role, group,
 //!    reward, advantage, prompt and response text and token ids, loss mask, the serving
