@@ -93,7 +93,12 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
 
 /// A run's spec with its trained policy in `model:` (exported once, as `sesa eval` does), and
 /// that policy in words.
-async fn run_spec(location: &str, version: Option<u64>, overrides: &[String], registry: &Registry) -> Result<(Spec, String)> {
+async fn run_spec(
+    location: &str,
+    version: Option<u64>,
+    overrides: &[String],
+    registry: &Registry,
+) -> Result<(Spec, String)> {
     let (root_location, run_id) = crate::cli::split_run_location(location)?;
     let root = ArtifactStore::open(&root_location)?;
     let run = Run::inspect(&root, &run_id, registry)
@@ -108,7 +113,9 @@ async fn run_spec(location: &str, version: Option<u64>, overrides: &[String], re
             format!("policy version {version}")
         }
         None if version.is_some() => {
-            bail!("run {run_id} trained no policy in process, so it has no version to load; its `model:` serves its policy")
+            bail!(
+                "run {run_id} trained no policy in process, so it has no version to load; its `model:` serves its policy"
+            )
         }
         None => "the policy its `model:` serves".into(),
     };

@@ -715,7 +715,8 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 (None, Some(run)) => crate::ask::Asked::Run { location: run, version, memory },
                 (None, None) => anyhow::bail!("name a spec (--spec FILE) or a run (--run runs/<run-id>)"),
             };
-            crate::ask::ask(crate::ask::Ask { asked, overrides: &overrides, role, text: &text, hops, seed }, registry).await
+            crate::ask::ask(crate::ask::Ask { asked, overrides: &overrides, role, text: &text, hops, seed }, registry)
+                .await
         }
         Command::Model { command: ModelCommand::Fetch { name } } => {
             let home = models::sesa_home();

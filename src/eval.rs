@@ -77,7 +77,11 @@ fn export_dir(run_id: &str) -> PathBuf {
 /// The evaluated run's trained policy as a Hugging Face directory, exported once (so a resumed
 /// evaluation finds it); `None` when the run trained nothing in process (the policy its
 /// `model:` serves is then the one evaluated).
-pub(crate) async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
+pub(crate) async fn trained_policy(
+    root: &ArtifactStore,
+    run: &Run,
+    version: Option<u64>,
+) -> Result<Option<(u64, PathBuf)>> {
     let Some(ModelSection::Candle(_)) = run.pipeline().spec().section::<ModelSection>().as_deref() else {
         return Ok(None);
     };

@@ -121,10 +121,8 @@ fn loop_summary(batches: &[(u64, arrow_array::RecordBatch)], order: &[String]) -
     }
     for (benchmark, mut points) in evaluations {
         points.sort_by_key(|&(step, place, _, _)| (step, place));
-        let points: Vec<String> = points
-            .iter()
-            .map(|(step, _, stage, em)| format!("{:.1}% ({stage}, step {step})", 100.0 * em))
-            .collect();
+        let points: Vec<String> =
+            points.iter().map(|(step, _, stage, em)| format!("{:.1}% ({stage}, step {step})", 100.0 * em)).collect();
         writeln!(out, "{benchmark} exact match: {}", points.join(" → "))?;
     }
     writeln!(out, "{:<16} {:>10} {:>12} {:>10} {:>10}", "stage", "wall s", "generation s", "search s", "training s")?;
@@ -208,7 +206,8 @@ mod tests {
             ("solve", "wall_ms", 1_000.0),
         ]);
         let text = super::loop_summary(&[(1, step)], &[]).unwrap();
-        let line = |stage: &str| text.lines().find(|l| l.starts_with(stage)).unwrap().split_whitespace().collect::<Vec<_>>();
+        let line =
+            |stage: &str| text.lines().find(|l| l.starts_with(stage)).unwrap().split_whitespace().collect::<Vec<_>>();
         assert_eq!(line("warmup"), ["warmup", "10.0", "0.0", "0.00", "9.0"], "{text}");
         assert_eq!(line("eval"), ["eval", "4.0", "3.0", "0.50", "0.0"], "{text}");
         // (15 − 4 − 0.5 − 9) s of 15 s.

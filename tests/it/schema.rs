@@ -84,7 +84,8 @@ fn shipped_specs_and_readme_snippets_pass_the_schema_in_an_independent_validator
     let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
     for (n, block) in readme.split("```yaml\n").skip(1).enumerate() {
         let block = &block[..block.find("```").expect("a YAML block ends")];
-        documents.push(json!({ "name": format!("README.md YAML block {}", n + 1), "spec": yaml(block), "snippet": true }));
+        documents
+            .push(json!({ "name": format!("README.md YAML block {}", n + 1), "spec": yaml(block), "snippet": true }));
     }
     assert!(documents.len() > specs + 5, "the README's YAML blocks were not found");
     let misspelt = yaml("extends: sesa.yaml\nstages:\n  update:\n    optimiser: {lr: 1.0e-6}\n");

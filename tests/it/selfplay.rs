@@ -406,7 +406,8 @@ async fn fallback_questions_can_be_limited_by_hop_count() {
         "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, pool_clear_interval: 1, fallback_questions: {}, fallback_max_hops: 1}}",
         questions.display()
     );
-    let (_lp, tables) = run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
+    let (_lp, tables) =
+        run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
     let hops: BTreeMap<String, u8> = sesa_stages::data::datasets::load_questions(&questions)
         .unwrap()
         .into_iter()

@@ -578,15 +578,24 @@ fn cpu_variants_are_the_paper_specs_in_the_cpu_setting() {
         if name == "ssp.yaml" {
             // What only the CPU setting had in the memory's stages, and SSP's base evaluation.
             let cpu_only = |k: &String| {
-                ["memory.top_k", "stages.solve.skills_from_step", "stages.consolidate.", "stages.eval_on.", "stages.eval_base."]
-                    .iter()
-                    .any(|p| k.starts_with(p))
+                [
+                    "memory.top_k",
+                    "stages.solve.skills_from_step",
+                    "stages.consolidate.",
+                    "stages.eval_on.",
+                    "stages.eval_base.",
+                ]
+                .iter()
+                .any(|p| k.starts_with(p))
             };
             expected.retain(|k| !cpu_only(k));
             found.retain(|k| !cpu_only(k));
         }
         assert!(!expected.is_empty(), "{name}: the paper spec does not differ from sesa.yaml");
-        assert_eq!(found, expected, "specs/cpu/{name} differs from specs/cpu/sesa.yaml elsewhere than specs/{name} from specs/sesa.yaml");
+        assert_eq!(
+            found, expected,
+            "specs/cpu/{name} differs from specs/cpu/sesa.yaml elsewhere than specs/{name} from specs/sesa.yaml"
+        );
         variants += 1;
     }
     assert_eq!(variants, 4);

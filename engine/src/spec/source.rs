@@ -176,7 +176,12 @@ type NamedBy = (PathBuf, usize, String);
 impl Linearized {
     /// Adds `file` after its parents, unless it is already in. `stack` holds the files being
     /// visited (canonical, as named), to report a cycle.
-    fn visit(&mut self, file: &Path, named_by: Option<NamedBy>, stack: &mut Vec<(PathBuf, PathBuf)>) -> Result<(), SpecError> {
+    fn visit(
+        &mut self,
+        file: &Path,
+        named_by: Option<NamedBy>,
+        stack: &mut Vec<(PathBuf, PathBuf)>,
+    ) -> Result<(), SpecError> {
         let canonical = std::fs::canonicalize(file).map_err(|source| match named_by {
             Some((from, line, target)) => SpecError::ExtendsMissing {
                 from,

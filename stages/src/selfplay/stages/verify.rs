@@ -310,9 +310,7 @@ impl Stage for Verify {
         pool.retain(|q| q.step >= kept_from);
         let available = pool.clone();
         let fallback = match (&self.config.fallback_questions, available.is_empty()) {
-            (Some(path), true) => {
-                self.fallback.get(|| self.load_fallback(path))?
-            }
+            (Some(path), true) => self.fallback.get(|| self.load_fallback(path))?,
             _ => Default::default(),
         };
         let mut rows = Vec::with_capacity(proposals.rows());
