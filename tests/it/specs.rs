@@ -381,6 +381,9 @@ fn what_a_spec_generates_on_first_use_is_not_required_to_exist() {
         format!("search.backend.corpus={}", at("world/corpus.jsonl")),
         format!("stages.propose.targets={}", at("world/targets.jsonl")),
         format!("stages.verify.fallback_questions={}", at("world/questions.jsonl")),
+        format!("stages.warmup.world.questions={}", at("world/questions.jsonl")),
+        format!("stages.before.benchmarks.held_out.questions={}", at("world/questions.jsonl")),
+        format!("stages.after.benchmarks.held_out.questions={}", at("world/questions.jsonl")),
     ];
     let mut args = vec!["validate", "specs/quickstart.yaml"];
     for set in &overrides {
@@ -395,7 +398,13 @@ fn what_a_spec_generates_on_first_use_is_not_required_to_exist() {
     let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
     let text = redact(&String::from_utf8_lossy(&output.stderr), dir.path());
     assert_eq!(output.status.code(), Some(2), "{text}");
-    for key in ["search.backend.corpus", "stages.propose.targets", "stages.verify.fallback_questions"] {
+    for key in [
+        "search.backend.corpus",
+        "stages.propose.targets",
+        "stages.verify.fallback_questions",
+        "stages.warmup.world.questions",
+        "stages.before.benchmarks.held_out.questions",
+    ] {
         assert!(text.contains(&format!("{key}: `[DIR]/world/")), "expected {key} in:\n{text}");
     }
 }
@@ -432,24 +441,24 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
 fn a_bad_setting_inside_a_choice_names_the_key_and_the_choices() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (set, expected) in [
-        ("model.kv_cache_dtype=f8", "16: model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
-        ("model.cache_tokens=lots", "16: model: cache_tokens: invalid type: string \"lots\", expected usize"),
+        ("model.kv_cache_dtype=f8", "20: model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
+        ("model.cache_tokens=lots", "20: model: cache_tokens: invalid type: string \"lots\", expected usize"),
         (
             "model.backend=candel",
-            "16: model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
+            "20: model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
         ),
-        ("search.backend.index=[1]", "21: search.backend: index: invalid type: sequence, expected path string"),
+        ("search.backend.index=[1]", "25: search.backend: index: invalid type: sequence, expected path string"),
         (
             "search.backend.kind=bm26",
-            "21: search.backend: kind: unknown variant `bm26`, expected `bm25` or `retriever`",
+            "25: search.backend: kind: unknown variant `bm26`, expected `bm25` or `retriever`",
         ),
         (
             "memory.embedder={kind: hashed_words, dimension: big}",
-            "37: memory.embedder: dimension: invalid type: string \"big\", expected usize",
+            "41: memory.embedder: dimension: invalid type: string \"big\", expected usize",
         ),
         (
             "stages.reward.proposer.lambda=x",
-            "68: stages.reward.proposer: lambda: invalid type: string \"x\", expected f64",
+            "102: stages.reward.proposer: lambda: invalid type: string \"x\", expected f64",
         ),
     ] {
         let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/quickstart.yaml", "--set", set], repo);
@@ -465,7 +474,11 @@ fn a_proposer_model_that_cannot_be_trained_in_process_is_refused_before_the_run(
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let proposer = "proposer_model={backend: openai, base_url: 'http://127.0.0.1:9/v1', model: m}";
     let validate = |update: &str| {
-        let args = ["validate", "specs/quickstart.yaml", "--set", proposer, "--set", update];
+        // The quickstart without its warm start, which would train the proposer in process too.
+        let mut args = vec!["validate", "specs/quickstart.yaml", "--set", proposer, "--set", update];
+        for set in ["stages.before=null", "stages.warmup=null", "stages.after=null", "stages.propose.after=[priming]"] {
+            args.extend(["--set", set]);
+        }
         let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
         assert_eq!(output.status.code(), Some(2), "the proposer's server is not there");
         String::from_utf8_lossy(&output.stderr).into_owned()
