@@ -485,7 +485,7 @@ impl TrainModel {
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
         jobs.par_iter().for_each(|&(e, head)| {
             let Segment { start, len, prefix_start, prefix_len } = segments[e];
-            let width = prefix_len + len;
+            let width = segments[e].width();
             let kv_offset = (head / group) * head_dim;
             // SAFETY: each job writes its own segment's head block of `probs` and its own
             // (rows, head columns) of `attended`.
@@ -683,7 +683,7 @@ impl TrainModel {
             .par_iter()
             .map(|&(e, head)| {
                 let Segment { start, len, prefix_start, prefix_len } = segments[e];
-                let width = prefix_len + len;
+                let width = segments[e].width();
                 let kv_offset = (head / group) * head_dim;
                 let probs = &t.probs[offsets[e * heads + head]..][..len * width];
                 let q_at = start * hidden + head * head_dim;
