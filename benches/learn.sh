@@ -18,8 +18,9 @@
 #    training-world questions of one and two hops (the depths the warm start was shown; the
 #    held-out tail excluded). METHOD=full (the default, the recipe of the README's result)
 #    trains every weight at lr 2e-5; METHOD=lora trains LoRA adapters of rank 16 on all seven
-#    projections at lr 2e-4 (ten times full fine-tuning's, after LoRA Without Regret), served
-#    merged. LR overrides either.
+#    projections at lr 2e-4 (ten times full fine-tuning's, after LoRA Without Regret; chosen
+#    over 5e-4 on the training world's held-out tail, docs/learning.md), served merged. LR
+#    overrides either.
 # 4. benches/learn_report.py: per-hop curves, paired bootstrap against the frozen warm start.
 #
 # Writes runs under $STORE (default runs-learn) and the picture to $STORE/learn-$METHOD.png.
