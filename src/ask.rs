@@ -5,7 +5,6 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde_yaml::Value;
 use sesa_engine::spec::{SourceDoc, Spec};
 use sesa_engine::{ArtifactStore, Registry, Run, pipeline_from_text};
 use sesa_stages::agent::{Episode, Outcome, Role};
@@ -105,20 +104,8 @@ async fn run_spec(
         .await
         .with_context(|| format!("`{location}` is not a run (for a spec, use --spec)"))?;
     let mut doc = run.pipeline().spec().resolved.clone();
-    let policy = match crate::eval::trained_policy(&root, &run, version).await? {
-        Some((version, dir)) => {
-            let model = doc.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
-            model.insert("model".into(), dir.to_string_lossy().into_owned().into());
-            model.insert("policy_version".into(), version.into());
-            format!("policy version {version}")
-        }
-        None if version.is_some() => {
-            bail!(
-                "run {run_id} trained no policy in process, so it has no version to load; its `model:` serves its policy"
-            )
-        }
-        None => "the policy its `model:` serves".into(),
-    };
+    let spec = doc.as_mapping_mut().context("the run's spec is not a mapping")?;
+    let policy = crate::eval::serve_trained_policy(&root, &run, version, spec).await?;
     let label = format!("the spec of {location}");
     let pipeline = pipeline_from_text(&serde_yaml::to_string(&doc)?, &label, overrides, registry)?;
     Ok((pipeline.spec().clone(), policy))
@@ -129,9 +116,7 @@ async fn retrieved_skills(spec: &Spec, location: &str, question: &str) -> Result
     let memory = spec.section::<MemorySection>().context("--memory: the run has no `memory:` section")?;
     let (version, skills) = crate::skills::bank_at(location, None).await?;
     let embedder = memory.open_embedder().await?;
-    let texts: Vec<String> = skills.iter().map(|s| s.text.embedding_text()).collect();
-    let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
-    let bank = SkillBank::restore(memory.bank_config(), skills, vectors, version);
+    let bank = SkillBank::embedded(memory.bank_config(), skills, version, &embedder)?;
     let top = bank.top_k(&embedder.embed_one(question)?, memory.top_k);
     for (skill, similarity) in &top {
         eprintln!("skill {} (bank version {version}, cosine {similarity:.2}): {}", skill.id, skill.text.description);

@@ -77,11 +77,7 @@ fn export_dir(run_id: &str) -> PathBuf {
 /// The evaluated run's trained policy as a Hugging Face directory, exported once (so a resumed
 /// evaluation finds it); `None` when the run trained nothing in process (the policy its
 /// `model:` serves is then the one evaluated).
-pub(crate) async fn trained_policy(
-    root: &ArtifactStore,
-    run: &Run,
-    version: Option<u64>,
-) -> Result<Option<(u64, PathBuf)>> {
+async fn trained_policy(root: &ArtifactStore, run: &Run, version: Option<u64>) -> Result<Option<(u64, PathBuf)>> {
     let Some(ModelSection::Candle(_)) = run.pipeline().spec().section::<ModelSection>().as_deref() else {
         return Ok(None);
     };
@@ -110,6 +106,32 @@ pub(crate) async fn trained_policy(
         std::fs::rename(&staging, &out).with_context(|| format!("moving the export to {}", out.display()))?;
     }
     Ok(Some((version, out)))
+}
+
+/// Points the `model:` of `spec` (the run's resolved spec) at the run's trained policy, exported
+/// once by [`trained_policy`]; returns that policy in words. A `version` of a run that trained
+/// nothing in process is refused: its `model:` serves whatever policy it serves.
+pub(crate) async fn serve_trained_policy(
+    root: &ArtifactStore,
+    run: &Run,
+    version: Option<u64>,
+    spec: &mut Mapping,
+) -> Result<String> {
+    match trained_policy(root, run, version).await? {
+        Some((version, dir)) => {
+            let model = spec.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
+            model.insert("model".into(), dir.to_string_lossy().into_owned().into());
+            model.insert("policy_version".into(), version.into());
+            Ok(format!("policy version {version}"))
+        }
+        None if version.is_some() => {
+            bail!(
+                "run {} trained no policy in process, so it has no version to load; its `model:` serves its policy",
+                run.id()
+            )
+        }
+        None => Ok("the policy its `model:` serves".into()),
+    }
 }
 
 /// The evaluated run's last bank as a skill file, for a `priming` stage.
@@ -175,15 +197,7 @@ async fn derive(
         bank = "its primed bank".into();
     }
     if let (Some((root, run)), false) = (source, request.mode == "base") {
-        match trained_policy(root, run, request.version).await? {
-            Some((version, dir)) => {
-                let model = map.get_mut("model").and_then(Value::as_mapping_mut).context("the run has no `model:`")?;
-                model.insert("model".into(), dir.to_string_lossy().into_owned().into());
-                model.insert("policy_version".into(), version.into());
-                policy = format!("policy version {version}");
-            }
-            None => policy = "the policy its `model:` serves".into(),
-        }
+        policy = serve_trained_policy(root, run, request.version, map).await?;
     }
     stages.insert("evaluate".into(), Value::Mapping(evaluate));
     map.insert("stages".into(), Value::Mapping(stages));

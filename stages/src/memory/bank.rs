@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::embed::cosine;
+use super::embed::{CachedEmbedder, EmbedError, cosine};
 use super::skill::{Skill, SkillMeta, SkillText};
 
 /// How usage after a solved question is credited to the skills the solver saw.
@@ -124,6 +124,18 @@ impl SkillBank {
     /// the embeddings of the skills' texts, in order.
     pub fn restore(config: BankConfig, skills: Vec<Skill>, vectors: Vec<Vec<f32>>, version: u64) -> SkillBank {
         SkillBank { config, skills, vectors, version, dirty: false }
+    }
+
+    /// [`Self::restore`], embedding the skills' texts with `embedder`.
+    pub fn embedded(
+        config: BankConfig,
+        skills: Vec<Skill>,
+        version: u64,
+        embedder: &CachedEmbedder,
+    ) -> Result<SkillBank, EmbedError> {
+        let texts: Vec<String> = skills.iter().map(|s| s.text.embedding_text()).collect();
+        let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
+        Ok(SkillBank::restore(config, skills, vectors, version))
     }
 
     /// The rules.

@@ -300,11 +300,10 @@ impl LoopResources {
                 }
             }
             if let Some((version, skills)) = latest {
-                let texts: Vec<String> = skills.iter().map(|s| s.text.embedding_text()).collect();
-                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-                let vectors = memory.embedder.embed(&refs).map_err(|e| corrupt(e.to_string()))?;
-                let mut bank = memory.bank.lock().expect("bank lock");
-                *bank = SkillBank::restore(bank.config().clone(), skills, vectors, version);
+                let config = memory.bank.lock().expect("bank lock").config().clone();
+                let restored = SkillBank::embedded(config, skills, version, &memory.embedder)
+                    .map_err(|e| corrupt(e.to_string()))?;
+                *memory.bank.lock().expect("bank lock") = restored;
             }
             let mut failures = read_table(root, run_id, "failures").await?;
             let consolidations = read_table(root, run_id, "consolidations").await?;
