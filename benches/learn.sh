@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The learning experiment of docs/learning.md (the seventh arm): a warm start
-# that leaves one-hop questions at the solver's frontier, then RL of the solver alone from it,
+# The learning experiment of docs/learning.md (METHOD=full: its seventh arm): a warm start
+# on one- and two-hop demonstrations, then RL of the solver alone from it,
 # with greedy exact match on a world never trained on, measured before RL and every 5 steps.
 #
 #   benches/learn.sh                       # about 90 min on 2 cores
@@ -16,11 +16,11 @@
 #    question at temperature 1.0, the solver trained alone (the proposer keeps the warm start's
 #    weights), both served in int8 (the trainer stays F32), and invalid proposals replaced by
 #    training-world questions of one and two hops (the depths the warm start was shown; the
-#    held-out tail excluded). METHOD=full (the default, the recipe of the README's result)
-#    trains every weight at lr 2e-5; METHOD=lora trains LoRA adapters of rank 16 on all seven
-#    projections at lr 2e-4 (ten times full fine-tuning's, after LoRA Without Regret; chosen
-#    over 5e-4 on the training world's held-out tail, docs/learning.md), served merged. LR
-#    overrides either.
+#    held-out tail excluded). METHOD=lora (the default, specs/learn.yaml's) trains LoRA
+#    adapters of rank 16 on all seven projections, served merged, at lr 1e-3 in the warm start
+#    and 2e-4 in RL (about ten times full fine-tuning's, after LoRA Without Regret; both chosen
+#    on the training world's held-out tail, docs/learning.md); METHOD=full (the seventh arm's
+#    recipe) trains every weight at 3e-5 and 2e-5. WARM_LR and LR override the two rates.
 # 4. benches/learn_report.py: per-hop curves, paired bootstrap against the frozen warm start.
 #
 # Writes runs under $STORE (default runs-learn) and the picture to $STORE/learn-$METHOD.png.
@@ -35,10 +35,10 @@ EVAL_LIMIT="${EVAL_LIMIT:-300}"
 STEPS="${STEPS:-10}"
 EVERY="${EVERY:-5}"
 STORE="${STORE:-runs-learn}"
-METHOD="${METHOD:-full}"
+METHOD="${METHOD:-lora}"
 case "$METHOD" in
-  lora) TRAINER="{kind: lora, rank: 16, alpha: 32}"; LR="${LR:-2.0e-4}" ;;
-  full) TRAINER="{kind: full}"; LR="${LR:-2.0e-5}" ;;
+  lora) TRAINER="{kind: lora, rank: 16, alpha: 32}"; WARM_LR="${WARM_LR:-1.0e-3}"; LR="${LR:-2.0e-4}" ;;
+  full) TRAINER="{kind: full}"; WARM_LR="${WARM_LR:-3.0e-5}"; LR="${LR:-2.0e-5}" ;;
   *) echo "METHOD must be lora or full, not $METHOD" >&2; exit 2 ;;
 esac
 WARM_RUN="${WARM_RUN:-}"
@@ -54,8 +54,9 @@ if [ -n "$WARM_RUN" ]; then
   # A warm start made before (by this script, with the same LIMIT and VAL): RL alone from it.
   warm_run="$WARM_RUN"
 else
-  clock "warm start: $LIMIT demonstrations"
+  clock "warm start: $LIMIT demonstrations, $METHOD at lr $WARM_LR"
   "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
+    --set trainer.method="$TRAINER" --set stages.warmup.optimizer.lr="$WARM_LR" \
     --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
     --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
     --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
