@@ -36,11 +36,16 @@ STEPS="${STEPS:-10}"
 EVERY="${EVERY:-5}"
 STORE="${STORE:-runs-learn}"
 METHOD="${METHOD:-lora}"
+# LoRA and its rates are specs/learn.yaml's own: only full fine-tuning and WARM_LR/LR override it.
 case "$METHOD" in
-  lora) TRAINER="{kind: lora, rank: 16, alpha: 32}"; WARM_LR="${WARM_LR:-1.0e-3}"; LR="${LR:-2.0e-4}" ;;
-  full) TRAINER="{kind: full}"; WARM_LR="${WARM_LR:-3.0e-5}"; LR="${LR:-2.0e-5}" ;;
+  lora) method=() ;;
+  full) method=(--set 'trainer.method={kind: full}'); WARM_LR="${WARM_LR:-3.0e-5}"; LR="${LR:-2.0e-5}" ;;
   *) echo "METHOD must be lora or full, not $METHOD" >&2; exit 2 ;;
 esac
+warm_args=("${method[@]}")
+if [ -n "${WARM_LR:-}" ]; then warm_args+=(--set stages.warmup.optimizer.lr="$WARM_LR"); fi
+rl_args=("${method[@]}")
+if [ -n "${LR:-}" ]; then rl_args+=(--set stages.update.optimizer.lr="$LR"); fi
 WARM_RUN="${WARM_RUN:-}"
 python3 -m pip install --quiet --disable-pip-version-check duckdb matplotlib
 cargo build --locked --features mistralrs --bin sesa
@@ -54,9 +59,8 @@ if [ -n "$WARM_RUN" ]; then
   # A warm start made before (by this script, with the same LIMIT and VAL): RL alone from it.
   warm_run="$WARM_RUN"
 else
-  clock "warm start: $LIMIT demonstrations, $METHOD at lr $WARM_LR"
-  "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
-    --set trainer.method="$TRAINER" --set stages.warmup.optimizer.lr="$WARM_LR" \
+  clock "warm start: $LIMIT demonstrations, $METHOD at lr ${WARM_LR:-of specs/learn.yaml}"
+  "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 "${warm_args[@]}" \
     --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
     --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
     --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
@@ -74,15 +78,14 @@ fi
 total=$(wc -l <data/world-train/questions.jsonl)
 head -n "$(( total - VAL ))" data/world-train/questions.jsonl >"$STORE/substitutes.jsonl"
 
-clock "RL: $STEPS steps, $METHOD at lr $LR"
+clock "RL: $STEPS steps, $METHOD at lr ${LR:-of specs/learn.yaml}"
 "$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" \
   --set model.model="$STORE/warm" --set model.dtype=int8 \
   --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
   --set stages.eval.schedule="{every: $EVERY}" \
   --set stages.eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
   --set stages.solve.n_rollouts=8 --set agent.sampling.temperature=1.0 \
-  --set trainer.method="$TRAINER" \
-  --set stages.update.optimizer.lr="$LR" --set 'stages.update.roles=[solver]' \
+  "${rl_args[@]}" --set 'stages.update.roles=[solver]' \
   --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" --set stages.verify.fallback_max_hops=2 \
   >"$STORE/rl-$METHOD.log" 2>&1 \
   || { tail -20 "$STORE/rl-$METHOD.log"; exit 1; }

@@ -267,7 +267,10 @@ fn key_text(key: &Value) -> String {
     }
 }
 
-/// Deep merge: mappings merge key by key, a `null` removes the key, anything else replaces.
+/// Deep merge: mappings merge key by key, a `null` removes the key, anything else replaces. A
+/// mapping that names another `kind:` than the one it lands on replaces it too: a section of
+/// another kind shares none of its settings (`trainer.method={kind: full}` over
+/// `{kind: lora, rank: 16}` must not keep `rank`).
 fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origins: &mut HashMap<String, Origin>) {
     match (base, overlay) {
         (Value::Mapping(base_map), Value::Mapping(overlay_map)) => {
@@ -279,7 +282,9 @@ fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origin
                     continue;
                 }
                 match base_map.get_mut(&key) {
-                    Some(existing) if existing.is_mapping() && value.is_mapping() => {
+                    Some(existing)
+                        if existing.is_mapping() && value.is_mapping() && !changes_kind(existing, &value) =>
+                    {
                         merge(existing, value, &dotted, origin, origins);
                     }
                     _ => {
@@ -295,6 +300,11 @@ fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origin
             *base = overlay;
         }
     }
+}
+
+/// Whether both mappings name a `kind:` and the two differ.
+fn changes_kind(base: &Value, overlay: &Value) -> bool {
+    matches!((base.get("kind"), overlay.get("kind")), (Some(a), Some(b)) if a != b)
 }
 
 fn record_origins(value: &Value, prefix: &str, origin: &Origin, origins: &mut HashMap<String, Origin>) {

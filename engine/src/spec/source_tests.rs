@@ -132,6 +132,29 @@ fn overrides_are_typed_yaml_and_can_remove() {
 }
 
 #[test]
+fn a_section_of_another_kind_replaces_the_one_it_overrides_and_the_same_kind_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "s.yaml",
+        "trainer: {method: {kind: lora, rank: 16, alpha: 32}}\nsearch: {backend: {kind: bm25, index: i}}\n",
+    );
+    let mut doc = SourceDoc::load(&path).unwrap();
+    doc.apply_overrides(&["trainer.method={kind: full}".into(), "search.backend={kind: bm25, top: 3}".into()]).unwrap();
+    insta::assert_snapshot!(yaml(&doc), @"
+    trainer:
+      method:
+        kind: full
+    search:
+      backend:
+        kind: bm25
+        index: i
+        top: 3
+    ");
+    assert_eq!(doc.locate("trainer.method.kind").argument.as_deref(), Some("trainer.method={kind: full}"));
+}
+
+#[test]
 fn malformed_overrides_say_what_is_expected() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "s.yaml", "steps: 5\n");
