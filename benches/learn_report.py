@@ -7,6 +7,11 @@ of a step goes.
 
     python3 benches/learn_report.py runs/<run-id> [--plot learn.png]
     python3 benches/learn_report.py runs/<learn run> runs/<learn-memory run> --compare-plot arms.png
+    python3 benches/learn_report.py runs/<arm> runs/<arm> --depth-plot depth.png   # benches/depth.sh
+
+--depth-plot draws self-play as a curriculum, each run a line style: the searches behind the
+accepted questions per requested hop count, p̂ and solver success per hop count, where the
+solver's questions came from, and the solver's searches per question by its hop count.
 
 With several runs (arms of one experiment from the same warm start: memory off and on), each is
 reported in turn, then every pair of evaluations made at the same step is compared question by
@@ -24,6 +29,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("runs", nargs="+")
 parser.add_argument("--plot", default=None, help="the first run's curves")
 parser.add_argument("--compare-plot", default=None, help="every run's held-out curves, side by side")
+parser.add_argument("--depth-plot", default=None, help="self-play per hop count and question source, every run")
 parser.add_argument("--labels", default=None, help="comma-separated names of the runs in the plots")
 parser.add_argument("--frozen-stage", default="warm_start_eval", help="the evaluation of the policy before RL")
 parser.add_argument("--frozen-run", default=None,
@@ -227,6 +233,76 @@ if len(args.runs) > 1:
                              for name, mean, low, high, _ in differences(b[key_b], a[key_a])]
                     print(f"  step {key_a[0]:>2}: {second.rstrip('/').split('/')[-1]} {key_b[1]} − "
                           f"{first.rstrip('/').split('/')[-1]} {key_a[1]}: " + "; ".join(cells))
+
+def series_of(run, stage, metric):
+    rows = reader(run)("step_metrics", "step, value", f"WHERE stage = '{stage}' AND metric = '{metric}' ORDER BY step")
+    return rows.fetchall()
+
+
+def depth_plot(path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 3, figsize=(16, 8))
+    lines = ["-", "--", ":", "-."]
+    colours = {1: "tab:blue", 2: "tab:orange", 3: "tab:red", 4: "tab:purple"}
+    labels = args.labels.split(",") if args.labels else [r.rstrip("/").split("/")[-1] for r in args.runs]
+
+    def draw(axis, points, **style):
+        if points:
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker=".", **style)
+
+    for line, run, label in zip(lines, args.runs, labels):
+        table = reader(run)
+        # Accepted questions: the proposer's searches per requested hop count.
+        accepted = duckdb.sql(
+            f"SELECT p.step, p.hops, avg(len(p.searches)) FROM ({table('proposals').sql_query()}) p "
+            f"JOIN ({table('verifications').sql_query()}) v ON p.step = v.step AND p.item = v.item "
+            "WHERE v.source = 'proposed' GROUP BY 1, 2 ORDER BY 1, 2"
+        ).fetchall()
+        for hops in sorted({h for _, h, _ in accepted}):
+            draw(axes[0][0], [(s, a) for s, h, a in accepted if h == hops], linestyle=line, color=colours.get(hops),
+                 label=f"{label}: asked {hops}")
+        for hops in (1, 2, 3, 4):
+            draw(axes[0][1], series_of(run, "reward", f"p_hat_h{hops}"), linestyle=line, color=colours[hops],
+                 label=f"{label}: {hops} hops")
+            draw(axes[0][2], series_of(run, "reward", f"solver_success_h{hops}"), linestyle=line, color=colours[hops],
+                 label=f"{label}: {hops} hops")
+        for source, colour in [("proposed", "tab:green"), ("reused", "tab:olive"), ("substitute", "tab:gray"),
+                               ("dummy", "black")]:
+            draw(axes[1][0], series_of(run, "verify", f"source_{source}"), linestyle=line, color=colour,
+                 label=f"{label}: {source}")
+        searched = duckdb.sql(
+            f"SELECT r.step, v.hops, avg(len(r.searches)) FROM ({table('rollouts').sql_query()}) r "
+            f"JOIN ({table('verifications').sql_query()}) v ON r.step = v.step AND r.item = v.item "
+            "WHERE v.hops IS NOT NULL AND NOT r.guided GROUP BY 1, 2 ORDER BY 1, 2"
+        ).fetchall()
+        for hops in sorted({h for _, h, _ in searched}):
+            draw(axes[1][1], [(s, a) for s, h, a in searched if h == hops], linestyle=line, color=colours.get(hops),
+                 label=f"{label}: {hops} hops")
+        draw(axes[1][2], series_of(run, "propose", "valid_rate"), linestyle=line, color="tab:blue", label=f"{label}: valid")
+        draw(axes[1][2], series_of(run, "verify", "pass_rate"), linestyle=line, color="tab:orange", label=f"{label}: verified")
+        draw(axes[1][2], series_of(run, "reward", "guided_success"), linestyle=line, color="tab:red",
+             label=f"{label}: guided rollouts' success")
+    titles = [["searches behind accepted questions, by hops asked", "p̂ of proposed questions, by hops",
+               "solver success (unguided rollouts), by hops"],
+              ["share of the solver's questions, by source", "solver searches per question, by hops",
+               "proposals valid and verified"]]
+    for row, names in zip(axes, titles):
+        for axis, title in zip(row, names):
+            axis.set_title(title, fontsize=10)
+            axis.set_xlabel("step")
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+if args.depth_plot:
+    depth_plot(args.depth_plot)
 
 if args.compare_plot:
     import matplotlib

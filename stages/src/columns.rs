@@ -35,6 +35,11 @@ impl Columns {
         self.push(name, Arc::new(UInt64Array::from_iter_values(values)), false)
     }
 
+    /// Unsigned integers that may be absent.
+    pub fn opt_u64(self, name: &str, values: impl IntoIterator<Item = Option<u64>>) -> Self {
+        self.push(name, Arc::new(UInt64Array::from_iter(values)), true)
+    }
+
     /// Floats.
     pub fn f64(self, name: &str, values: impl IntoIterator<Item = f64>) -> Self {
         self.push(name, Arc::new(Float64Array::from_iter_values(values)), false)
@@ -140,6 +145,11 @@ impl<'a> Reader<'a> {
     /// A u64 column.
     pub fn u64(&self, name: &str) -> Result<Vec<u64>, StageError> {
         Ok(self.column::<UInt64Array>(name)?.values().to_vec())
+    }
+
+    /// A u64 column that may hold absent values.
+    pub fn opt_u64(&self, name: &str) -> Result<Vec<Option<u64>>, StageError> {
+        Ok(self.column::<UInt64Array>(name)?.iter().collect())
     }
 
     /// A f64 column.

@@ -62,6 +62,8 @@ fn script(context: &str, seed: u64) -> String {
         let target = after_last(context, "Answer: ", ". Searches needed");
         return match searched {
             0 => format!("<search>{target}</search>"),
+            // A second search, which a hint can name without giving the answer away.
+            1 => format!("<search>entity {}</search>", encode(target)),
             // Targets of odd length leak the answer: those proposals are invalid.
             _ if target.len() % 2 == 1 => format!("<question>Which entity is {target} in this world?</question>"),
             _ => format!("<question>Which entity hides behind the word CODE-{} here?</question>", encode(target)),
@@ -78,7 +80,10 @@ fn script(context: &str, seed: u64) -> String {
         };
     }
     match question.split_whitespace().find_map(|w| w.strip_prefix("CODE-")) {
-        Some(code) if !seed.is_multiple_of(3) => format!("<answer>{}</answer>", decode(code)),
+        // A hint from the proposer's searches always helps.
+        Some(code) if !seed.is_multiple_of(3) || context.contains("Hint: ") => {
+            format!("<answer>{}</answer>", decode(code))
+        }
         _ => "<answer>nobody</answer>".to_string(),
     }
 }
@@ -417,13 +422,142 @@ async fn fallback_questions_can_be_limited_by_hop_count() {
     let mut reused = 0;
     for (_, batch) in &tables["verifications"] {
         for (source, question) in strings(batch, "source").iter().zip(strings(batch, "solver_question")) {
-            if source == "reused" && hops.contains_key(&question) {
+            if source == "substitute" && hops.contains_key(&question) {
                 assert_eq!(hops[&question], 1, "{question}");
                 reused += 1;
             }
         }
     }
     assert!(reused > 0, "no invalid proposal was replaced by a fallback question");
+}
+
+/// Where the solver's questions come from and how each depth fares, per step: the shares of
+/// `source_*` add up to the verifications' sources, and every per-hop metric is the mean over
+/// its hop count of the rows it summarises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
+    let questions = world().join("world/questions.jsonl");
+    let verify = format!(
+        "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, pool_clear_interval: 1, fallback_questions: {}}}",
+        questions.display()
+    );
+    let (_lp, tables) =
+        run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
+    let by_step = |name: &str| -> BTreeMap<u64, f64> { metric(&tables, name).into_iter().collect() };
+    let mut seen = BTreeMap::new();
+    for (step, batch) in &tables["verifications"] {
+        let sources = strings(batch, "source");
+        for source in ["proposed", "reused", "substitute", "dummy"] {
+            let share = sources.iter().filter(|s| *s == source).count() as f64 / sources.len() as f64;
+            assert_eq!(by_step(&format!("source_{source}"))[step], share, "step {step}: {source}");
+            *seen.entry(source).or_insert(0.0) += share;
+        }
+    }
+    assert!(seen["proposed"] > 0.0 && seen["substitute"] > 0.0, "both sources occur: {seen:?}");
+    // valid_rate_h<n>: the proposals of n requested hops that were valid.
+    let mut checked = 0;
+    for (step, batch) in &tables["proposals"] {
+        let hops = unsigned(batch, "hops");
+        let valid =
+            batch.column_by_name("valid").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        for h in hops.iter().collect::<std::collections::BTreeSet<_>>() {
+            let rows: Vec<usize> = (0..hops.len()).filter(|&i| hops[i] == *h).collect();
+            let rate = rows.iter().filter(|&&i| valid.value(i)).count() as f64 / rows.len() as f64;
+            assert_eq!(by_step(&format!("valid_rate_h{h}"))[step], rate, "step {step}, {h} hops");
+            checked += 1;
+        }
+    }
+    assert!(checked > 4, "more than one hop count a step");
+    // solver_success_h<n>: the rollouts of questions of n hops that succeeded.
+    for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
+        let hops: BTreeMap<u64, u64> = unsigned(verifications, "item")
+            .into_iter()
+            .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
+            .filter_map(|(item, h)| h.map(|h| (item, h)))
+            .collect();
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let reward = floats(rewards, "reward");
+        let mut per: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        for (i, item) in unsigned(rollouts, "item").into_iter().enumerate() {
+            if let Some(h) = hops.get(&item) {
+                let entry = per.entry(*h).or_default();
+                entry.0 += f64::from(u8::from(reward[i].unwrap() > 0.0));
+                entry.1 += 1.0;
+            }
+        }
+        for (h, (successes, n)) in per {
+            assert_eq!(by_step(&format!("solver_success_h{h}"))[step], successes / n, "step {step}, {h} hops");
+        }
+    }
+}
+
+/// `guidance: hint`: a proposed question whose rollouts all failed gets one more rollout with
+/// the proposer's search path in its prompt, recorded under the prompt without it; p̂ (the
+/// proposer's reward) ignores it; evaluation never sees a hint; and a run resumed after a crash
+/// makes the same guided rollouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guidance_hints_groups_that_never_succeed_and_only_them() {
+    let questions = world().join("world/questions.jsonl");
+    let eval = format!(
+        "  eval: {{kind: evaluate, after: [solve], benchmarks: {{world: {{questions: {}, limit: 3}}}}}}\n  consolidate:",
+        questions.display()
+    );
+    let edits = [
+        (
+            "solve: {kind: solve, after: [verify], n_rollouts: 3}",
+            "solve: {kind: solve, after: [verify], n_rollouts: 1, guidance: hint}",
+        ),
+        ("  consolidate:", eval.as_str()),
+    ];
+    let (lp, tables) = run_loop(&edits).await;
+    let mut guided = 0;
+    for ((step, rollouts), (_, proposals)) in tables["rollouts"].iter().zip(&tables["proposals"]) {
+        let flags =
+            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let (items, indices) = (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"));
+        let (sources, prompts, hints) =
+            (strings(rollouts, "source"), strings(rollouts, "prompt"), strings(rollouts, "hint"));
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
+        let searches: BTreeMap<u64, String> =
+            unsigned(proposals, "item").into_iter().zip(strings(proposals, "target")).collect();
+        for i in 0..rollouts.num_rows() {
+            if !flags.value(i) {
+                assert!(hints[i].is_empty());
+                continue;
+            }
+            guided += 1;
+            // One more rollout of a proposed question whose one rollout failed.
+            assert_eq!(indices[i], 1);
+            assert_eq!(sources[i], "proposed");
+            let first = (0..rollouts.num_rows()).find(|&j| items[j] == items[i] && indices[j] == 0).unwrap();
+            assert_eq!(reward[first], Some(0.0), "step {step}: a group that had succeeded was guided");
+            assert_eq!(p_hat[i], Some(0.0), "p̂ counts the unguided rollout only");
+            assert_eq!(reward[i], Some(1.0), "the scripted solver answers with a hint");
+            // The hint names the proposer's second search and never the answer; the recorded
+            // prompt is the unhinted one.
+            let target = &searches[&items[i]];
+            assert!(hints[i].contains(&format!("entity {}", encode(target))), "{}", hints[i]);
+            assert!(!hints[i].to_lowercase().contains(&target.to_lowercase()), "{}", hints[i]);
+            assert!(!prompts[i].contains("Hint: "), "the recorded prompt has no hint");
+        }
+    }
+    assert!(guided > 0, "some group failed and was guided");
+    assert_eq!(metric(&tables, "guided").iter().map(|(_, n)| *n).sum::<f64>(), guided as f64);
+    let contexts = lp.contexts.lock().unwrap();
+    assert_eq!(
+        contexts.iter().filter(|c| c.contains("Hint: ") && c.ends_with("<|im_start|>assistant\n")).count(),
+        guided
+    );
+    let evaluated: Vec<&String> =
+        contexts.iter().filter(|c| c.contains("Question: ") && !c.contains("CODE-")).collect();
+    assert!(!evaluated.is_empty(), "the world's questions were evaluated");
+    assert!(evaluated.iter().all(|c| !c.contains("Hint: ")), "evaluation never gets a hint");
+    drop(contexts);
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2)).await;
+    for table in ["verifications", "rollouts", "rewards"] {
+        assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
+    }
 }
 
 /// Greedy evaluation with the bank's skills in the solver's prompt and without: same

@@ -441,30 +441,40 @@ fn a_policy_reader_unordered_with_a_training_stage_is_refused_before_the_run() {
 fn a_bad_setting_inside_a_choice_names_the_key_and_the_choices() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (set, expected) in [
-        ("model.kv_cache_dtype=f8", "20: model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`"),
-        ("model.cache_tokens=lots", "20: model: cache_tokens: invalid type: string \"lots\", expected usize"),
+        (
+            "model.kv_cache_dtype=f8",
+            "specs/quickstart.yaml:20: model: kv_cache_dtype: unknown variant `f8`, expected `f32` or `f16`",
+        ),
+        (
+            "model.cache_tokens=lots",
+            "specs/quickstart.yaml:20: model: cache_tokens: invalid type: string \"lots\", expected usize",
+        ),
         (
             "model.backend=candel",
-            "20: model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
+            "specs/quickstart.yaml:20: model: backend: unknown variant `candel`, expected one of `mistralrs`, `candle`, `openai`",
         ),
-        ("search.backend.index=[1]", "25: search.backend: index: invalid type: sequence, expected path string"),
+        (
+            "search.backend.index=[1]",
+            "specs/quickstart.yaml:25: search.backend: index: invalid type: sequence, expected path string",
+        ),
         (
             "search.backend.kind=bm26",
-            "25: search.backend: kind: unknown variant `bm26`, expected `bm25` or `retriever`",
+            "specs/quickstart.yaml:25: search.backend: kind: unknown variant `bm26`, expected `bm25` or `retriever`",
         ),
         (
             "memory.embedder={kind: hashed_words, dimension: big}",
-            "41: memory.embedder: dimension: invalid type: string \"big\", expected usize",
+            // Another kind replaces the quickstart's embedder whole: the setting is the override's.
+            "--set memory.embedder={kind: hashed_words, dimension: big}: memory.embedder: dimension: invalid type: string \"big\", expected usize",
         ),
         (
             "stages.reward.proposer.lambda=x",
-            "102: stages.reward.proposer: lambda: invalid type: string \"x\", expected f64",
+            "specs/quickstart.yaml:104: stages.reward.proposer: lambda: invalid type: string \"x\", expected f64",
         ),
     ] {
         let output = run_sesa_with(ChildRegistry::Stages, &["validate", "specs/quickstart.yaml", "--set", set], repo);
         let text = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{text}");
-        assert!(text.contains(&format!("specs/quickstart.yaml:{expected}")), "{set}: {text}");
+        assert!(text.contains(expected), "{set}: {text}");
     }
 }
 

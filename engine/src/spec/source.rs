@@ -288,6 +288,8 @@ fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origin
                         merge(existing, value, &dotted, origin, origins);
                     }
                     _ => {
+                        let mut value = value;
+                        remove_nulls(&mut value);
                         origins.retain(|k, _| !k.starts_with(&format!("{dotted}.")));
                         record_origins(&value, &dotted, origin, origins);
                         base_map.insert(key, value);
@@ -299,6 +301,15 @@ fn merge(base: &mut Value, overlay: Value, prefix: &str, origin: &Origin, origin
             record_origins(&overlay, prefix, origin, origins);
             *base = overlay;
         }
+    }
+}
+
+/// A `null` removes its key even where nothing is left to remove from (a section replaced
+/// whole, or new): the key is then absent, not null.
+fn remove_nulls(value: &mut Value) {
+    if let Value::Mapping(map) = value {
+        map.retain(|_, v| !v.is_null());
+        map.values_mut().for_each(remove_nulls);
     }
 }
 

@@ -152,6 +152,17 @@ fn a_section_of_another_kind_replaces_the_one_it_overrides_and_the_same_kind_mer
         top: 3
     ");
     assert_eq!(doc.locate("trainer.method.kind").argument.as_deref(), Some("trainer.method={kind: full}"));
+    // A null in the replacing section leaves its key out, as it would remove it from the old.
+    doc.apply_overrides(&["search.backend={kind: retriever, url: u, index: null}".into()]).unwrap();
+    insta::assert_snapshot!(yaml(&doc), @"
+    trainer:
+      method:
+        kind: full
+    search:
+      backend:
+        kind: retriever
+        url: u
+    ");
 }
 
 #[test]

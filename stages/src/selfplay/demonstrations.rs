@@ -10,7 +10,9 @@
 //! - the proposer, given `a` and `n`, walks back from the answer: it searches `a` (which finds
 //!   `tₙ`, the passage that states it), then `tₙ` (which finds `tₙ₋₁`, the passage that names
 //!   it), and so on to `t₁`, then writes the world's question; kept only when each search
-//!   finds the passage it walks to and the question passes the validity rules.
+//!   finds the passage it walks to and the question passes the validity rules. When the rules
+//!   ask for more searches than there are hops (SSP's two for a one-hop question), it then
+//!   confirms the chain from its start, `t₁ r₁`, `t₂ r₂`, … as the solver would search it.
 //!
 //! A user's own demonstrations are rows in the `rollouts` (or `proposals`) table's layout:
 //! `prompt_ids`, `token_ids` and `loss_mask`, from JSONL or Parquet.
@@ -187,6 +189,20 @@ impl Writer<'_> {
             materials.push_str(&information);
             turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
         }
+        let relation = |hop: usize| question.supporting_relations.get(hop);
+        let confirmations: Vec<String> = (0..titles.len())
+            .take(rules.min_searches.saturating_sub(queries.len()))
+            .map(|hop| relation(hop).map_or_else(|| titles[hop].clone(), |r| format!("{} {r}", titles[hop])))
+            .collect();
+        for (hop, query) in confirmations.iter().enumerate() {
+            let (information, found) = self.search(query, &titles[hop]).await?;
+            if !found {
+                return Ok(None);
+            }
+            materials.push_str(&information);
+            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
+        }
+        let queries: Vec<&str> = queries.into_iter().chain(confirmations.iter().map(String::as_str)).collect();
         if rules.check(Some(&question.question), answer, &queries, &materials).is_err() {
             return Ok(None);
         }

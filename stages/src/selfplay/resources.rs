@@ -74,6 +74,8 @@ pub struct PooledQuestion {
     pub question: String,
     /// Its answer.
     pub target: String,
+    /// The hops its proposer was asked for.
+    pub hops: Option<u64>,
 }
 
 /// The policy, search and templates of the loop.
@@ -387,10 +389,17 @@ pub fn pooled(step: u64, batch: &arrow_array::RecordBatch) -> Result<Vec<PooledQ
     let accepted = reader.bool("accepted")?;
     let questions = reader.opt_str("question")?;
     let targets = reader.str("target")?;
+    // Runs written before the column existed restore their pool without hop counts.
+    let hops = reader.opt_u64("hops").unwrap_or_else(|_| vec![None; reader.rows()]);
     Ok((0..reader.rows())
         .filter(|&i| accepted[i])
         .filter_map(|i| {
-            questions[i].map(|q| PooledQuestion { step, question: q.to_string(), target: targets[i].to_string() })
+            questions[i].map(|q| PooledQuestion {
+                step,
+                question: q.to_string(),
+                target: targets[i].to_string(),
+                hops: hops[i],
+            })
         })
         .collect())
 }

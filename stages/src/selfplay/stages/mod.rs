@@ -41,11 +41,23 @@ pub fn metrics_batch(stage: &str, rows: &[(&str, f64)]) -> Result<RecordBatch, A
         .finish()
 }
 
+/// The mean of a metric per hop count, as `step_metrics` rows named `{metric}_h{hops}` (in hop
+/// order): self-play's curriculum shows in how each rate moves at each depth.
+fn per_hops(metric: &str, values: impl IntoIterator<Item = (u64, f64)>) -> Vec<(String, f64)> {
+    let mut by_hops: std::collections::BTreeMap<u64, Vec<f64>> = std::collections::BTreeMap::new();
+    for (hops, value) in values {
+        by_hops.entry(hops).or_default().push(value);
+    }
+    by_hops.into_iter().map(|(hops, values)| (format!("{metric}_h{hops}"), mean(values))).collect()
+}
+
 /// The `step_metrics` that summarise a step of the loop, with a short title each: what
 /// `sesa run` prints per step when it ends.
 pub const STEP_SUMMARY: &[(&str, &str)] = &[
     ("valid_rate", "valid"),
     ("pass_rate", "verified"),
+    ("source_proposed", "proposed"),
+    ("source_substitute", "subst."),
     ("solver_success", "success"),
     ("mean_p_hat", "mean p̂"),
     ("frontier_share", "frontier"),

@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, play, with_trajectories};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, play, with_trajectories};
 use crate::agent::{Episode, Outcome, Role, Trajectory};
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
@@ -29,6 +29,13 @@ pub struct ProposeConfig {
     /// The rule-based validity checks.
     #[serde(default)]
     pub rules: ValidityRules,
+    /// Only targets of at least this many hops (a one-hop question rarely needs SSP's two
+    /// searches or reaches its ten words).
+    #[serde(default)]
+    pub min_hops: Option<u64>,
+    /// Only targets of at most this many hops.
+    #[serde(default)]
+    pub max_hops: Option<u64>,
 }
 
 /// The proposer: writes a question for each target answer.
@@ -73,17 +80,24 @@ fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
     with_trajectories(columns, &trajectories).finish()
 }
 
-/// Target answers from a JSON-lines file, with the line of any bad one.
-fn load_targets(path: &std::path::Path) -> Result<Vec<Target>, StageError> {
+/// Target answers from a JSON-lines file, with the line of any bad one, less those outside
+/// `hops` (inclusive).
+fn load_targets(path: &std::path::Path, hops: (u64, u64)) -> Result<Vec<Target>, StageError> {
     let text = std::fs::read_to_string(path).map_err(|e| failed(&format!("reading {}", path.display()), e))?;
     let targets: Vec<Target> = text
         .lines()
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(n, line)| serde_json::from_str(line).map_err(|e| failed(&format!("{}:{}", path.display(), n + 1), e)))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<Target>, _>>()?
+        .into_iter()
+        .filter(|t| (hops.0..=hops.1).contains(&t.hops))
+        .collect();
     if targets.is_empty() {
-        return Err(failed(&path.display().to_string(), "no target answers"));
+        return Err(failed(
+            &path.display().to_string(),
+            format!("no target answers of {} to {} hops (min_hops, max_hops)", hops.0, hops.1),
+        ));
     }
     Ok(targets)
 }
@@ -122,6 +136,11 @@ impl Stage for Propose {
         if config.rules.min_chars > config.rules.max_chars {
             problems.push(ConfigProblem::new("rules.min_chars", "cannot exceed rules.max_chars"));
         }
+        if let (Some(min), Some(max)) = (config.min_hops, config.max_hops)
+            && min > max
+        {
+            problems.push(ConfigProblem::new("min_hops", format!("{min} exceeds max_hops ({max})")));
+        }
         if problems.is_empty() { Ok(Propose { config, targets: LoadOnce::default() }) } else { Err(problems) }
     }
 
@@ -145,7 +164,8 @@ impl Stage for Propose {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
         let template = Templates::require(&selfplay.templates.proposer, "proposer")?;
-        let all = self.targets.get(|| load_targets(&self.config.targets))?;
+        let hops = (self.config.min_hops.unwrap_or(0), self.config.max_hops.unwrap_or(u64::MAX));
+        let all = self.targets.get(|| load_targets(&self.config.targets, hops))?;
         let start = (cx.step() - 1) as usize * self.config.batch;
         let targets: Vec<Target> = (0..self.config.batch)
             .map(|i| {
@@ -183,14 +203,23 @@ impl Stage for Propose {
                 Proposal { target, trajectory, question, verdict }
             })
             .collect();
-        let metrics = [
-            ("proposals", proposals.len() as f64),
-            ("valid_rate", mean(proposals.iter().map(|p| f64::from(p.verdict.is_ok() as u8)))),
-            ("tokens", proposals.iter().map(|p| p.trajectory.generated_tokens() as f64).sum()),
-            ("generation_ms", generation_ms),
-            ("search_ms", search_ms),
-            ("wall_ms", elapsed_ms(clock)),
+        let valid = |p: &Proposal| f64::from(p.verdict.is_ok() as u8);
+        let mut metrics = vec![
+            ("proposals".to_string(), proposals.len() as f64),
+            ("valid_rate".into(), mean(proposals.iter().map(valid))),
         ];
+        metrics.extend(per_hops("valid_rate", proposals.iter().map(|p| (p.target.hops, valid(p)))));
+        // Searches of the valid proposals by requested hops: whether the proposer walks as far
+        // as it is asked.
+        let searched = proposals.iter().filter(|p| p.verdict.is_ok());
+        metrics.extend(per_hops("searches", searched.map(|p| (p.target.hops, p.trajectory.queries().len() as f64))));
+        metrics.extend([
+            ("tokens".into(), proposals.iter().map(|p| p.trajectory.generated_tokens() as f64).sum()),
+            ("generation_ms".into(), generation_ms),
+            ("search_ms".into(), search_ms),
+            ("wall_ms".into(), elapsed_ms(clock)),
+        ]);
+        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("proposals", proposals_batch(&proposals)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))

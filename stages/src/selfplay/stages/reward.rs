@@ -14,7 +14,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 
 use super::solve::Solve;
 use super::verify::{Verify, judge_answers};
-use super::{elapsed_ms, mean, metrics_batch, metrics_table, skills_table};
+use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_table};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
@@ -126,6 +126,7 @@ impl Stage for Reward {
         let answers = rollouts.opt_str("answer")?;
         let responses = rollouts.str("response")?;
         let skill_ids = rollouts.strs("skill_ids")?;
+        let guided = rollouts.bool("guided")?;
 
         let mut judged: Vec<Option<bool>> = vec![None; rollouts.rows()];
         let generation = Instant::now();
@@ -150,9 +151,10 @@ impl Stage for Reward {
         let rewards: Vec<f64> = (0..rollouts.rows())
             .map(|i| solver_reward(responses[i], answers[i], &[targets[i].to_string()], judged[i]))
             .collect();
-        // p̂ per question: the share of its rollouts with a positive reward (0.25 counts).
+        // p̂ per question: the share of its rollouts with a positive reward (0.25 counts). A
+        // guided rollout had help the question's difficulty must not count.
         let mut by_item: BTreeMap<u64, (u64, u64, Vec<String>)> = BTreeMap::new();
-        for i in 0..rollouts.rows() {
+        for i in (0..rollouts.rows()).filter(|&i| !guided[i]) {
             let entry = by_item.entry(items[i]).or_insert_with(|| (0, 0, skill_ids[i].clone()));
             entry.0 += u64::from(rewards[i] > 0.0);
             entry.1 += 1;
@@ -173,14 +175,20 @@ impl Stage for Reward {
         let verifications = Reader::new("verifications", verifications_batch);
         let sources = verifications.str("source")?;
         let proposal_items = verifications.u64("item")?;
+        let requested = verifications.u64("requested_hops")?;
+        let question_hops: BTreeMap<u64, u64> = proposal_items
+            .iter()
+            .zip(verifications.opt_u64("hops")?)
+            .filter_map(|(&item, hops)| hops.map(|h| (item, h)))
+            .collect();
         let mut proposer_rewards = Vec::new();
-        // p̂ of the questions the proposer wrote (not reused or dummy ones).
+        // p̂ of the questions the proposer wrote (not reused or dummy ones), with their hops.
         let mut proposed = Vec::new();
         for (i, &item) in proposal_items.iter().enumerate() {
             let p = p_hat.get(&item).copied().filter(|_| sources[i] == "proposed");
-            proposed.extend(p);
+            proposed.extend(p.map(|p| (requested[i], p)));
             let reward = p.map_or(self.config.format_penalty, |p| self.config.proposer.reward(p));
-            proposer_rewards.push(reward);
+            proposer_rewards.push((requested[i], reward));
             rows.push(RewardRow { role: "proposer", item, rollout: 0, reward, p_hat: p });
         }
 
@@ -211,15 +219,29 @@ impl Stage for Reward {
             bank_metrics.push(("bank_size", bank.len() as f64));
             bank_metrics.push(("bank_version", bank.version() as f64));
         }
-        let mut metrics = vec![
-            ("solver_success", mean(rewards.iter().map(|&r| f64::from(r > 0.0)))),
-            ("mean_p_hat", mean(proposed.iter().copied())),
-            ("frontier_share", mean(proposed.iter().map(|&p| f64::from(p > 0.0 && p < 1.0)))),
-            ("proposer_reward_mean", mean(proposer_rewards.iter().copied())),
-            ("generation_ms", generation_ms),
-            ("wall_ms", elapsed_ms(clock)),
+        // Success of the unguided rollouts, per hop count of their question where it has one.
+        let solved: Vec<(Option<u64>, f64)> = (0..rollouts.rows())
+            .filter(|&i| !guided[i])
+            .map(|i| (question_hops.get(&items[i]).copied(), f64::from(rewards[i] > 0.0)))
+            .collect();
+        let guided_rows: Vec<usize> = (0..rollouts.rows()).filter(|&i| guided[i]).collect();
+        let mut metrics: Vec<(String, f64)> = vec![
+            ("solver_success".into(), mean(solved.iter().map(|(_, s)| *s))),
+            ("mean_p_hat".into(), mean(proposed.iter().map(|(_, p)| *p))),
+            ("frontier_share".into(), mean(proposed.iter().map(|(_, p)| f64::from(*p > 0.0 && *p < 1.0)))),
+            ("proposer_reward_mean".into(), mean(proposer_rewards.iter().map(|(_, r)| *r))),
         ];
-        metrics.extend(bank_metrics);
+        if !guided_rows.is_empty() {
+            metrics.push(("guided".into(), guided_rows.len() as f64));
+            metrics.push(("guided_success".into(), mean(guided_rows.iter().map(|&i| f64::from(rewards[i] > 0.0)))));
+        }
+        metrics.extend(per_hops("solver_success", solved.iter().filter_map(|(h, s)| h.map(|h| (h, *s)))));
+        metrics.extend(per_hops("p_hat", proposed.iter().copied()));
+        metrics.extend(per_hops("proposer_reward", proposer_rewards.iter().copied()));
+        metrics.push(("generation_ms".into(), generation_ms));
+        metrics.push(("wall_ms".into(), elapsed_ms(clock)));
+        metrics.extend(bank_metrics.into_iter().map(|(k, v)| (k.to_string(), v)));
+        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("rewards", rewards_batch(&rows)?)
             .with("skills", skills)

@@ -1,6 +1,13 @@
 //! `solve`: `n_rollouts` solver trajectories per question. With a skill memory, the top-k skills
 //! retrieved for the question are in the solver's prompt and recorded; this is the only stage
 //! that retrieves skills.
+//!
+//! With `guidance: hint`, a question the proposer wrote whose every rollout failed gets one
+//! more rollout whose prompt carries a hint from what the proposer found: the entities its
+//! searches walked through, in the order a solver meets them. The guided rollout is recorded
+//! under the unhinted prompt (`guided: true`, the hint in `hint`), so the update trains its
+//! tokens as the answer to the question alone: privileged-context self-distillation, with its
+//! sampling log-probabilities (under the hint) kept for the off-policy correction.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -16,6 +23,7 @@ use crate::agent::{Episode, Outcome, Role, Trajectory};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{SkillEvent, SkillEventKind, events_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
+use crate::selfplay::rules::solver_reward;
 
 /// The config of `solve`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -28,6 +36,43 @@ pub struct SolveConfig {
     /// the initial bank (with `consolidate` scheduled at that step).
     #[serde(default = "first_step")]
     pub skills_from_step: u64,
+    /// Help for a group that never succeeds (its GRPO advantages are all 0: it teaches
+    /// nothing). Never applied by `evaluate`.
+    #[serde(default)]
+    pub guidance: Guidance,
+}
+
+/// What a group whose rollouts all failed gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Guidance {
+    /// Nothing.
+    #[default]
+    None,
+    /// One more rollout with the proposer's search path as a hint in its prompt, trained as if
+    /// the prompt had no hint (questions the proposer wrote, of two hops or more).
+    Hint,
+}
+
+/// The hint of a question from its proposer's searches, or `None` when they name no
+/// intermediate entity. A proposer walks back from the answer (its first search names the
+/// answer, each later one what the previous found), so the solver meets its searches in the
+/// reverse order; those holding the answer would give it away and are left out.
+pub fn hint(proposer_searches: &[String], target: &str) -> Option<String> {
+    let target = target.to_lowercase();
+    let path: Vec<&str> = proposer_searches
+        .iter()
+        .rev()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty() && !s.to_lowercase().contains(&target))
+        .collect();
+    if path.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "Hint: search the question's entity first, then each entity you find on the way: {}. One search a step, then answer.\n\n",
+        path.join(", then ")
+    ))
 }
 
 fn first_step() -> u64 {
@@ -47,6 +92,8 @@ pub(super) struct Rollout {
     target: String,
     source: String,
     skill_ids: Vec<String>,
+    /// The hint its prompt carried, for a guided rollout (recorded under the unhinted prompt).
+    hint: Option<String>,
     trajectory: Trajectory,
 }
 
@@ -65,7 +112,9 @@ fn rollouts_batch(rows: &[Rollout]) -> Result<RecordBatch, ArrowError> {
         .str("target", rows.iter().map(|r| r.target.as_str()))
         .str("source", rows.iter().map(|r| r.source.as_str()))
         .strs("skill_ids", rows.iter().map(|r| r.skill_ids.iter().map(String::as_str)))
-        .opt_str("answer", answers);
+        .opt_str("answer", answers)
+        .bool("guided", rows.iter().map(|r| r.hint.is_some()))
+        .opt_str("hint", rows.iter().map(|r| r.hint.as_deref()));
     let trajectories: Vec<Trajectory> = rows.iter().map(|r| r.trajectory.clone()).collect();
     with_trajectories(columns, &trajectories).finish()
 }
@@ -123,7 +172,11 @@ impl Stage for Solve {
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
-        vec![super::verify::Verify::verifications_table()]
+        let mut inputs = vec![super::verify::Verify::verifications_table()];
+        if self.config.guidance == Guidance::Hint {
+            inputs.push(super::propose::Propose::proposals_table());
+        }
+        inputs
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -168,32 +221,77 @@ impl Stage for Solve {
         }
 
         let template = &selfplay.templates.solver;
+        let render = |question: &str, block: String| {
+            selfplay
+                .policy
+                .render_chat(&template.render(&BTreeMap::from([("question", question.to_string()), ("skills", block)])))
+        };
         let mut episodes = Vec::new();
         let mut rows = Vec::new();
         for (k, &i) in asked.iter().enumerate() {
-            let prompt = selfplay.policy.render_chat(&template.render(&BTreeMap::from([
-                ("question", questions[i].unwrap_or_default().to_string()),
-                ("skills", blocks[k].clone()),
-            ])));
+            let prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
             for rollout in 0..self.config.n_rollouts as u64 {
                 episodes.push(Episode { prompt: prompt.clone(), seed: cx.seed((items[i] << 20) | rollout) });
                 rows.push((k, i, rollout));
             }
         }
-        let (trajectories, generation_ms, search_ms) = play(cx, &selfplay, Role::Solver, &episodes).await?;
-        let rollouts: Vec<Rollout> = rows
-            .into_iter()
-            .zip(trajectories)
-            .map(|((k, i, rollout), trajectory)| Rollout {
-                item: items[i],
-                rollout,
-                question: questions[i].unwrap_or_default().to_string(),
-                target: targets[i].to_string(),
-                source: sources[i].to_string(),
-                skill_ids: retrieved[k].clone(),
-                trajectory,
-            })
-            .collect();
+        let (trajectories, mut generation_ms, mut search_ms) = play(cx, &selfplay, Role::Solver, &episodes).await?;
+        let rollout = |(k, i, rollout): (usize, usize, u64), hint: Option<String>, trajectory| Rollout {
+            item: items[i],
+            rollout,
+            question: questions[i].unwrap_or_default().to_string(),
+            target: targets[i].to_string(),
+            source: sources[i].to_string(),
+            skill_ids: retrieved[k].clone(),
+            hint,
+            trajectory,
+        };
+        let mut rollouts: Vec<Rollout> =
+            rows.into_iter().zip(trajectories).map(|(row, t)| rollout(row, None, t)).collect();
+        if self.config.guidance == Guidance::Hint {
+            let proposals = inputs.get("proposals")?;
+            let proposals = Reader::new("proposals", proposals);
+            let searches: BTreeMap<u64, Vec<String>> =
+                proposals.u64("item")?.into_iter().zip(proposals.strs("searches")?).collect();
+            let mut guided = Vec::new();
+            for (k, &i) in asked.iter().enumerate() {
+                let group = &rollouts[k * self.config.n_rollouts..(k + 1) * self.config.n_rollouts];
+                let failed = group.iter().all(|r| {
+                    let answer = match &r.trajectory.outcome {
+                        Outcome::Final(answer) => Some(answer.as_str()),
+                        _ => None,
+                    };
+                    solver_reward(&r.trajectory.response, answer, &[targets[i].to_string()], None) == 0.0
+                });
+                let proposed = sources[i] == "proposed";
+                if let Some(hint) =
+                    searches.get(&items[i]).filter(|_| failed && proposed).and_then(|s| hint(s, targets[i]))
+                {
+                    guided.push((k, i, hint));
+                }
+            }
+            let n = self.config.n_rollouts as u64;
+            let episodes: Vec<Episode> = guided
+                .iter()
+                .map(|(k, i, hint)| Episode {
+                    prompt: render(questions[*i].unwrap_or_default(), format!("{}{hint}", blocks[*k])),
+                    seed: cx.seed((items[*i] << 20) | n),
+                })
+                .collect();
+            let (trajectories, generation, search) = play(cx, &selfplay, Role::Solver, &episodes).await?;
+            (generation_ms, search_ms) = (generation_ms + generation, search_ms + search);
+            for ((k, i, hint), mut trajectory) in guided.into_iter().zip(trajectories) {
+                // Recorded under the prompt without the hint: what the update trains it as.
+                trajectory.prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
+                if trajectory.tokens_exact {
+                    let ids =
+                        selfplay.policy.tokenize(&trajectory.prompt).await.map_err(|e| failed("tokenizing", e))?;
+                    trajectory.prompt_ids = ids.unwrap_or_default();
+                    trajectory.prompt_tokens = Some(trajectory.prompt_ids.len());
+                }
+                rollouts.push(rollout((k, i, n), Some(hint), trajectory));
+            }
+        }
         let metrics = [
             ("questions", asked.len() as f64),
             ("rollouts", rollouts.len() as f64),
@@ -207,5 +305,20 @@ impl Stage for Solve {
             .with("rollouts", rollouts_batch(&rollouts)?)
             .with("skill_events", events_batch(version, &events)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hint;
+
+    #[test]
+    fn a_hint_walks_the_proposers_searches_forward_without_the_answer() {
+        let searches = ["Veltria".to_string(), "Orla".to_string(), "Mimi Observatory".to_string()];
+        let hint = hint(&searches, "veltria").unwrap();
+        assert!(hint.contains("Mimi Observatory, then Orla."), "{hint}");
+        assert!(!hint.to_lowercase().contains("veltria"), "{hint}");
+        assert_eq!(super::hint(&["Veltria country".to_string()], "Veltria"), None, "nothing but the answer");
+        assert_eq!(super::hint(&[], "Veltria"), None);
     }
 }

@@ -1,7 +1,9 @@
 //! `verify`: the RAG check. A verifier answers each valid question from the proposer's own
 //! materials plus documents from other proposals as noise, without searching; the question is
 //! accepted on exact match, or when the judge says the answer matches. Invalid or rejected
-//! proposals are replaced by a reused question, a dummy, or nothing, as configured.
+//! proposals are replaced by a reused question, a substitute, a dummy, or nothing, as
+//! configured; each solver question's `source` and hop count are recorded, and the step's
+//! metrics give the share of each source and the pass rate per requested hop count.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -13,7 +15,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
@@ -40,7 +42,8 @@ pub enum InvalidStrategy {
     /// Nothing: the solver batch shrinks.
     #[default]
     Drop,
-    /// A random earlier accepted question from the reuse pool, else a dummy (SSP).
+    /// A random earlier accepted question from the reuse pool, else a substitute from
+    /// `fallback_questions`, else a dummy (SSP, which has no substitutes).
     Reuse,
     /// SSP's dummy problem, with the proposal's target.
     Dummy,
@@ -149,8 +152,15 @@ struct Verification {
     reason: String,
     solver_question: Option<String>,
     solver_target: String,
+    /// Hops the proposer was asked for.
+    requested_hops: u64,
+    /// Hops of the solver's question: those the proposer was asked for, a substitute's own.
+    hops: Option<u64>,
     source: &'static str,
 }
+
+/// Where the solver's questions come from, in the order `step_metrics` lists their shares.
+const SOURCES: [&str; 4] = ["proposed", "reused", "substitute", "dummy"];
 
 fn verifications_batch(rows: &[Verification]) -> Result<RecordBatch, ArrowError> {
     Columns::default()
@@ -162,6 +172,8 @@ fn verifications_batch(rows: &[Verification]) -> Result<RecordBatch, ArrowError>
         .str("reason", rows.iter().map(|r| r.reason.as_str()))
         .opt_str("solver_question", rows.iter().map(|r| r.solver_question.as_deref()))
         .str("solver_target", rows.iter().map(|r| r.solver_target.as_str()))
+        .u64("requested_hops", rows.iter().map(|r| r.requested_hops))
+        .opt_u64("hops", rows.iter().map(|r| r.hops))
         .str("source", rows.iter().map(|r| r.source))
         .finish()
 }
@@ -244,6 +256,7 @@ impl Stage for Verify {
         let batch = inputs.get("proposals")?;
         let proposals = Reader::new("proposals", batch);
         let targets = proposals.str("target")?;
+        let requested = proposals.u64("hops")?;
         let questions = proposals.opt_str("question")?;
         let reasons = proposals.str("reason")?;
         let materials = proposals.str("materials")?;
@@ -321,23 +334,24 @@ impl Stage for Verify {
                 Some(k) => (false, Some(answers[k].clone()), "the verifier's answer does not match the target".into()),
                 None => (false, None, format!("invalid: {}", reasons[i])),
             };
-            let (solver_question, solver_target, source) = if accept {
-                (questions[i].map(str::to_string), targets[i].to_string(), "proposed")
+            let (solver_question, solver_target, hops, source) = if accept {
+                (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), "proposed")
             } else {
                 let mut rng = cx.rng(2_000_000 + i as u64);
-                let reused = match self.config.invalid {
+                let replacement = match self.config.invalid {
                     InvalidStrategy::Reuse if !available.is_empty() => {
-                        available.choose(&mut rng).map(|q| (q.question.clone(), q.target.clone()))
+                        available.choose(&mut rng).map(|q| (q.question.clone(), q.target.clone(), q.hops, "reused"))
                     }
-                    InvalidStrategy::Reuse => fallback
-                        .choose(&mut rng)
-                        .map(|q| (q.question.clone(), q.golden_answers.first().cloned().unwrap_or_default())),
+                    InvalidStrategy::Reuse => fallback.choose(&mut rng).map(|q| {
+                        let target = q.golden_answers.first().cloned().unwrap_or_default();
+                        (q.question.clone(), target, q.hops.map(u64::from), "substitute")
+                    }),
                     _ => None,
                 };
-                match (self.config.invalid, reused) {
-                    (InvalidStrategy::Drop, _) => (None, targets[i].to_string(), "none"),
-                    (_, Some((question, target))) => (Some(question), target, "reused"),
-                    (_, None) => (Some(DUMMY_QUESTION.to_string()), targets[i].to_string(), "dummy"),
+                match (self.config.invalid, replacement) {
+                    (InvalidStrategy::Drop, _) => (None, targets[i].to_string(), None, "none"),
+                    (_, Some((question, target, hops, source))) => (Some(question), target, hops, source),
+                    (_, None) => (Some(DUMMY_QUESTION.to_string()), targets[i].to_string(), None, "dummy"),
                 }
             };
             rows.push(Verification {
@@ -348,6 +362,8 @@ impl Stage for Verify {
                 reason,
                 solver_question,
                 solver_target,
+                requested_hops: requested[i],
+                hops,
                 source,
             });
         }
@@ -355,15 +371,25 @@ impl Stage for Verify {
             step: cx.step(),
             question: r.question.clone().unwrap_or_default(),
             target: r.target.clone(),
+            hops: r.hops,
         }));
         drop(pool);
-        let metrics = [
-            ("checked", valid.len() as f64),
-            ("pass_rate", mean(accepted.iter().map(|&a| f64::from(a as u8)))),
-            ("accepted", rows.iter().filter(|r| r.accepted).count() as f64),
-            ("generation_ms", generation_ms),
-            ("wall_ms", elapsed_ms(clock)),
+        let mut metrics = vec![
+            ("checked".to_string(), valid.len() as f64),
+            ("pass_rate".into(), mean(accepted.iter().map(|&a| f64::from(a as u8)))),
+            ("accepted".into(), rows.iter().filter(|r| r.accepted).count() as f64),
         ];
+        let asked = rows.iter().filter(|r| r.solver_question.is_some()).count().max(1) as f64;
+        for source in SOURCES {
+            let count = rows.iter().filter(|r| r.source == source).count() as f64;
+            metrics.push((format!("source_{source}"), count / asked));
+        }
+        let checked_hops: Vec<(u64, f64)> =
+            valid.iter().zip(&accepted).map(|(&i, &a)| (requested[i], f64::from(a as u8))).collect();
+        metrics.extend(per_hops("pass_rate", checked_hops));
+        metrics.push(("generation_ms".into(), generation_ms));
+        metrics.push(("wall_ms".into(), elapsed_ms(clock)));
+        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("verifications", verifications_batch(&rows)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))

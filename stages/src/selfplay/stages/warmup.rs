@@ -16,7 +16,7 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
-use crate::data::datasets::load_questions;
+use crate::data::datasets::{Question, load_questions};
 use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstrations};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -41,6 +41,11 @@ pub struct WorldDemonstrations {
     /// Only questions of at most this many hops.
     #[serde(default)]
     pub max_hops: Option<u8>,
+    /// The proposer's demonstrations of at most this many hops (`max_hops` by default): a
+    /// proposer shown every depth while the solver is shown the shallow ones leaves the depth
+    /// the solver reaches to self-play.
+    #[serde(default)]
+    pub proposer_max_hops: Option<u8>,
     /// Questions used at most (from the start of the file), before filtering.
     #[serde(default)]
     pub limit: Option<usize>,
@@ -161,16 +166,16 @@ impl Warmup {
             } else {
                 None
             };
-            for question in questions[..used]
-                .iter()
-                .filter(|q| world.max_hops.is_none_or(|m| q.supporting_titles.len() <= m as usize))
-            {
-                if wants("solver") {
+            let within =
+                |limit: Option<u8>, q: &Question| limit.is_none_or(|m| q.supporting_titles.len() <= m as usize);
+            let proposer_limit = world.proposer_max_hops.or(world.max_hops);
+            for question in &questions[..used] {
+                if wants("solver") && within(world.max_hops, question) {
                     demonstrations.extend(
                         solver_writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?,
                     );
                 }
-                if let Some(template) = proposer {
+                if let Some(template) = proposer.filter(|_| within(proposer_limit, question)) {
                     demonstrations.extend(
                         proposer_writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?,
                     );
@@ -379,6 +384,12 @@ impl Stage for Warmup {
             ("checkpoint_ms".into(), published.checkpoint_ms),
         ];
         all.extend(metrics);
+        // Demonstrations per role and hop count: the depths each role was shown.
+        let mut shown: std::collections::BTreeMap<(&str, u8), f64> = std::collections::BTreeMap::new();
+        for d in demonstrations.iter() {
+            *shown.entry((d.role, d.hops)).or_default() += 1.0;
+        }
+        all.extend(shown.into_iter().map(|((role, hops), n)| (format!("{role}_demonstrations_h{hops}"), n)));
         all.push(("wall_ms".into(), elapsed_ms(clock)));
         let all: Vec<(&str, f64)> = all.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()

@@ -30,6 +30,8 @@ pub(super) struct Sample {
     pub exact: bool,
     /// The policy version that generated it.
     pub policy_version: u64,
+    /// Sampled with a hint the trained prompt lacks: `logprobs` are the hinted policy's.
+    pub guided: bool,
 }
 
 impl Sample {
@@ -50,14 +52,20 @@ impl Sample {
         Some(TrainSequence { tokens, mask })
     }
 
-    /// The serving log-probabilities at the scored positions of [`Self::sequence`] (empty when
+    /// The sampling log-probabilities at the scored positions of [`Self::sequence`] (empty when
     /// inexact).
-    pub fn serving_at(&self, sequence: &TrainSequence) -> Vec<f32> {
+    pub fn sampled_at(&self, sequence: &TrainSequence) -> Vec<f32> {
         if !self.exact {
             return Vec::new();
         }
         let offset = self.prompt_ids.len();
         sequence.positions().iter().map(|&p| self.logprobs.get(p - offset).copied().unwrap_or(0.0)).collect()
+    }
+
+    /// The serving log-probabilities of the trained prompt at the scored positions: those it was
+    /// sampled with, unless a hint changed its prompt (empty then, and when inexact).
+    pub fn serving_at(&self, sequence: &TrainSequence) -> Vec<f32> {
+        if self.guided { Vec::new() } else { self.sampled_at(sequence) }
     }
 }
 
@@ -105,6 +113,7 @@ pub(super) fn read_samples(
             logprobs: logprobs[i].clone(),
             exact: exact[i],
             policy_version: versions[i],
+            guided: false,
         })
         .collect())
 }
@@ -128,9 +137,10 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBat
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
     }
     let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
+    let guided = Reader::new("rollouts", rollouts).bool("guided")?;
     let mut samples = samples("rollouts", rollouts, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
-        (sample.reward, sample.advantage) = (solver_rewards[i], advantages[i]);
+        (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
     }
     let groups_without_signal = silent.len();
     if skip_silent {
@@ -140,10 +150,16 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBat
 }
 
 /// The proposer's batch: every proposal with its reward minus the baseline (REINFORCE), which
-/// `baseline` gives from the batch's mean reward.
-pub(super) fn proposer_batch(inputs: &Tables, baseline: impl FnOnce(f64) -> f64) -> Result<RoleBatch, StageError> {
+/// `baseline` gives from the batch's mean reward, or with `per_hops` the mean reward of the
+/// proposals asked for as many hops.
+pub(super) fn proposer_batch(
+    inputs: &Tables,
+    per_hops: bool,
+    baseline: impl FnOnce(f64) -> f64,
+) -> Result<RoleBatch, StageError> {
     let proposals = inputs.get("proposals")?;
     let items = Reader::new("proposals", proposals).u64("item")?;
+    let hops = Reader::new("proposals", proposals).u64("hops")?;
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
     let (roles, reward_items, values) = (reader.str("role")?, reader.u64("item")?, reader.f64("reward")?);
@@ -158,10 +174,33 @@ pub(super) fn proposer_batch(inputs: &Tables, baseline: impl FnOnce(f64) -> f64)
                 .ok_or_else(|| failed("update", format!("proposal {item} has no proposer reward")))
         })
         .collect::<Result<_, _>>()?;
-    let advantages = baseline_advantages(&rewards, baseline(super::super::mean(rewards.iter().copied())));
+    let advantages = if per_hops {
+        hop_advantages(&rewards, &hops)
+    } else {
+        baseline_advantages(&rewards, baseline(super::super::mean(rewards.iter().copied())))
+    };
     let mut samples = samples("proposals", proposals, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage) = (rewards[i], advantages[i]);
     }
     Ok(RoleBatch { role: "proposer", samples, groups: items.len(), rewards, groups_without_signal: 0 })
+}
+
+/// Each reward minus the mean reward of its hop count's rewards.
+fn hop_advantages(rewards: &[f64], hops: &[u64]) -> Vec<f64> {
+    let mut sums: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for (reward, hops) in rewards.iter().zip(hops) {
+        let entry = sums.entry(*hops).or_default();
+        (entry.0, entry.1) = (entry.0 + reward, entry.1 + 1.0);
+    }
+    rewards.iter().zip(hops).map(|(reward, hops)| reward - sums[hops].0 / sums[hops].1).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_proposals_per_hops_baseline_is_the_mean_of_its_hop_count() {
+        let advantages = super::hop_advantages(&[1.0, -1.0, 0.5, -1.0, -1.0], &[2, 2, 4, 4, 4]);
+        assert_eq!(advantages, [1.0, -1.0, 1.0, -0.5, -0.5]);
+    }
 }

@@ -436,6 +436,7 @@ pub fn train_with_sesa(
         ppo_epochs: manifest.ppo_epochs,
         mini_batch: manifest.mini_batch,
         proposer_baseline: None,
+        proposer_baseline_per_hops: false,
         skip_groups_without_signal: false,
         keep_every: None,
         external: None,

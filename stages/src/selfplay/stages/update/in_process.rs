@@ -52,6 +52,15 @@ pub(super) struct Plan<'a> {
     pub total_lr_steps: u64,
 }
 
+/// The truncated importance weight of token `t`, min(1, exp(trained − sampled)), for a rollout
+/// sampled under a hint (`hinted`: its sampling log-probabilities); 1 for any other.
+fn truncated_weight(trained: f32, hinted: Option<&[f32]>, t: usize) -> f64 {
+    match hinted.and_then(|h| h.get(t)) {
+        Some(&sampled) => f64::from(trained - sampled).exp().min(1.0),
+        None => 1.0,
+    }
+}
+
 /// Trains `state` on one role's batch; returns the rows of `updates`.
 pub(super) fn update_role(
     state: &mut TrainState,
@@ -77,6 +86,11 @@ pub(super) fn update_role(
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
     }
     let serving: Vec<Vec<f32>> = samples.iter().zip(&sequences).map(|(s, q)| s.serving_at(q)).collect();
+    // A guided rollout was sampled under a hint its trained prompt lacks: each token's advantage
+    // is weighted by min(1, π(token | prompt) / μ(token | prompt + hint)), the truncated
+    // importance weight of the policy trained against the one that sampled it.
+    let hinted: Vec<Option<Vec<f32>>> =
+        samples.iter().zip(&sequences).map(|(s, q)| s.guided.then(|| s.sampled_at(q))).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
     let clock = Instant::now();
@@ -134,7 +148,8 @@ pub(super) fn update_role(
                     let derivative = (0..current.len())
                         .map(|t| {
                             let r = reference.as_ref().map(|r| r[i][t]);
-                            let terms = config.loss.token(current[t], old[t], r, samples[i].advantage);
+                            let advantage = samples[i].advantage * truncated_weight(old[t], hinted[i].as_deref(), t);
+                            let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
                             pg += terms.policy * weight;
                             kl += terms.kl * weight;
@@ -182,6 +197,16 @@ mod tests {
     use crate::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
     use crate::weights::testing::{random, tiny_shape};
 
+    #[test]
+    fn a_guided_token_is_weighted_by_the_truncated_ratio_of_the_trained_prompt_to_the_hinted() {
+        let hinted = [-0.1f32, -2.0];
+        // The hint made the first token likelier than the bare prompt does: weight e^(−1.1).
+        assert!((truncated_weight(-1.2, Some(&hinted), 0) - (-1.1f64).exp()).abs() < 1e-6);
+        // The bare prompt makes the second likelier still: the weight is truncated at 1.
+        assert_eq!(truncated_weight(-0.5, Some(&hinted), 1), 1.0);
+        assert_eq!(truncated_weight(-3.0, None, 0), 1.0, "an unguided rollout is on-policy");
+    }
+
     fn state() -> TrainState {
         let weights = random(tiny_shape(), true, 5);
         TrainState {
@@ -211,6 +236,7 @@ mod tests {
                     logprobs: vec![0.0; 7],
                     exact: true,
                     policy_version: 0,
+                    guided: false,
                 }
             })
             .collect();
@@ -229,6 +255,7 @@ mod tests {
             ppo_epochs,
             mini_batch,
             proposer_baseline: None,
+            proposer_baseline_per_hops: false,
             skip_groups_without_signal: false,
             keep_every: None,
             external: None,

@@ -73,6 +73,11 @@ pub struct UpdateConfig {
     /// A running-mean baseline for the proposer's REINFORCE (SSP: none).
     #[serde(default)]
     pub proposer_baseline: Option<RunningMean>,
+    /// The proposer's baseline per requested hop count instead (after Dr. Zero's HRPO): each
+    /// proposal's is the mean reward of the step's proposals asked for as many hops, so that
+    /// deep questions, invalid more often, are not all pushed down against shallow ones.
+    #[serde(default)]
+    pub proposer_baseline_per_hops: bool,
     /// Leaves out solver groups whose rewards are all equal (SSP keeps them: their only
     /// gradient is the KL term). Saves their forward and backward passes on a CPU.
     #[serde(default)]
@@ -209,6 +214,12 @@ impl Stage for Update {
         {
             problems.push(ConfigProblem::new("proposer_baseline.decay", format!("must be in [0, 1), got {decay}")));
         }
+        if config.proposer_baseline_per_hops && config.proposer_baseline.is_some() {
+            problems.push(ConfigProblem::new(
+                "proposer_baseline_per_hops",
+                "the proposer has one baseline: remove `proposer_baseline` or this",
+            ));
+        }
         if let Some(every) = config.keep_every {
             problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
         }
@@ -216,7 +227,7 @@ impl Stage for Update {
             if external.command.is_empty() {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
             }
-            if config.proposer_baseline.is_some() {
+            if config.proposer_baseline.is_some() || config.proposer_baseline_per_hops {
                 problems.push(ConfigProblem::new(
                     "proposer_baseline",
                     "an external trainer gets the proposer's raw rewards: apply a baseline there",
@@ -334,7 +345,8 @@ impl Update {
     fn batches(&self, inputs: &Tables, baseline: &mut Option<f64>) -> Result<Vec<RoleBatch>, StageError> {
         let mut batches = Vec::new();
         if self.trains("proposer") {
-            batches.push(proposer_batch(inputs, |mean| match self.config.proposer_baseline {
+            let per_hops = self.config.proposer_baseline_per_hops;
+            batches.push(proposer_batch(inputs, per_hops, |mean| match self.config.proposer_baseline {
                 None => 0.0,
                 Some(RunningMean { decay }) => {
                     let current = baseline.unwrap_or(mean);
