@@ -531,6 +531,23 @@ fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run()
     assert!(text.contains("the spec has 1 problem"), "{text}");
 }
 
+/// The proposer has one baseline: a running mean or the per-hop-count means, not both.
+#[test]
+fn two_proposer_baselines_are_refused() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let validate = |extra: &[&str]| {
+        let mut args = vec!["validate", "specs/learn.yaml", "--set", "stages.update.proposer_baseline_per_hops=true"];
+        args.extend(extra);
+        run_sesa_with(ChildRegistry::Stages, &args, repo)
+    };
+    let output = validate(&[]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("stages.update.proposer_baseline_per_hops: the proposer has one baseline"), "{text}");
+    let output = validate(&["--set", "stages.update.proposer_baseline=null"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));

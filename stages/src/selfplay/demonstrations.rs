@@ -306,18 +306,18 @@ mod tests {
             (template("solver_small.yaml", SOLVER_PROMPT), template("proposer_small.yaml", PROPOSER_PROMPT));
         let rules = ValidityRules { min_words: 4, min_searches: 1, ..ValidityRules::default() };
         let (mut solved, mut proposed) = (0, 0);
+        let trained = |demo: &Demonstration| {
+            let ids: Vec<u32> = demo
+                .sequence
+                .tokens
+                .iter()
+                .zip(&demo.sequence.mask)
+                .filter(|(_, m)| **m == 1)
+                .map(|(t, _)| *t)
+                .collect();
+            policy.decode(&ids).unwrap()
+        };
         for question in &questions {
-            let trained = |demo: &Demonstration| {
-                let ids: Vec<u32> = demo
-                    .sequence
-                    .tokens
-                    .iter()
-                    .zip(&demo.sequence.mask)
-                    .filter(|(_, m)| **m == 1)
-                    .map(|(t, _)| *t)
-                    .collect();
-                policy.decode(&ids).unwrap()
-            };
             if let Some(demo) = writer.solver(&solver, question).await.unwrap() {
                 solved += 1;
                 let text = policy.decode(&demo.sequence.tokens).unwrap();
@@ -359,6 +359,21 @@ mod tests {
                 assert_eq!(trained.matches("<search>").count(), question.supporting_titles.len());
             }
         }
+        // With SSP's two searches, a one-hop walk confirms its hop with a second search.
+        let two = ValidityRules { min_searches: 2, ..rules.clone() };
+        let one_hop = questions.iter().filter(|q| q.hops == Some(1));
+        let mut confirmed = 0;
+        for question in one_hop {
+            if let Some(demo) = writer.proposer(&proposer, &two, question).await.unwrap() {
+                let (title, relation) = (&question.supporting_titles[0], &question.supporting_relations[0]);
+                let trained = trained(&demo);
+                let walk =
+                    format!("<search>{}</search><search>{title} {relation}</search>", question.golden_answers[0]);
+                assert!(trained.starts_with(&walk), "{trained}");
+                confirmed += 1;
+            }
+        }
+        assert!(confirmed > 0, "a one-hop proposer demonstration under two searches");
         assert!(solved > questions.len() / 2, "{solved} of {} solver demonstrations", questions.len());
         assert!(proposed > 0 && proposed < questions.len(), "{proposed} proposer demonstrations");
         // A question whose chain names a passage the index does not have is dropped.

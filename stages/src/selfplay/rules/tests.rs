@@ -67,6 +67,24 @@ fn validity_rules_name_the_reason() {
     assert_eq!(check(Some(long), "Orla", &["a"], "m"), Err("1 searches, fewer than 2".into()));
 }
 
+/// SSP's bounds hold at their edges: ten words and two distinct searches pass, one fewer fails.
+#[test]
+fn validity_rules_hold_at_their_edges() {
+    let rules = ValidityRules::default();
+    let ten = "Which city was the birthplace of the founder of Zelprabel?";
+    assert_eq!(ten.split_whitespace().count(), 10);
+    let nine = "Which city was the birthplace of the founder of Zelprabel?".replacen("the founder of ", "", 1);
+    assert_eq!(nine.split_whitespace().count(), 7);
+    let nine = format!("{nine} there too");
+    assert_eq!(nine.split_whitespace().count(), 9);
+    assert!(rules.check(Some(ten), "Orla", &["a", "b"], "m").is_ok());
+    assert_eq!(rules.check(Some(&nine), "Orla", &["a", "b"], "m"), Err("9 words, fewer than 10".into()));
+    assert_eq!(rules.check(Some(ten), "Orla", &["a", "a", "b"], "m"), Err("repeated search queries".into()));
+    let long = "x".repeat(1001);
+    let words = format!("{long} a b c d e f g h i");
+    assert_eq!(rules.check(Some(&words), "Orla", &["a", "b"], "m"), Err("1019 characters, outside 10..=1000".into()));
+}
+
 #[test]
 fn the_queue_never_exceeds_capacity_and_counts_drops() {
     let mut queue = FailureQueue::new(3);
