@@ -47,6 +47,13 @@ if [ -n "${WARM_LR:-}" ]; then warm_args+=(--set stages.warmup.optimizer.lr="$WA
 rl_args=("${method[@]}")
 if [ -n "${LR:-}" ]; then rl_args+=(--set stages.update.optimizer.lr="$LR"); fi
 WARM_RUN="${WARM_RUN:-}"
+# The recipe as measured in docs/learning.md, from before specs/learn.yaml took SSP's rules and
+# proposer demonstrations of every depth (benches/depth.sh runs those): relaxed rules, the
+# proposer shown one and two hops, the reuse pool emptied every step.
+relaxed='{min_words: 4, min_searches: 1}'
+warm_args+=(--set stages.warmup.world.proposer_max_hops=2 --set "stages.warmup.world.rules=$relaxed")
+rl_args+=(--set "stages.propose.rules=$relaxed" --set stages.propose.min_hops=null
+  --set stages.verify.pool_clear_interval=1)
 python3 -m pip install --quiet --disable-pip-version-check duckdb matplotlib
 cargo build --locked --features mistralrs --bin sesa
 sesa="$CARGO_TARGET_DIR/debug/sesa"

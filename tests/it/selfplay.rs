@@ -544,7 +544,7 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     }
     assert!(guided > 0, "some group failed and was guided");
     assert_eq!(metric(&tables, "guided").iter().map(|(_, n)| *n).sum::<f64>(), guided as f64);
-    let contexts = lp.contexts.lock().unwrap();
+    let contexts = lp.contexts.lock().unwrap().clone();
     assert_eq!(
         contexts.iter().filter(|c| c.contains("Hint: ") && c.ends_with("<|im_start|>assistant\n")).count(),
         guided
@@ -553,7 +553,6 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
         contexts.iter().filter(|c| c.contains("Question: ") && !c.contains("CODE-")).collect();
     assert!(!evaluated.is_empty(), "the world's questions were evaluated");
     assert!(evaluated.iter().all(|c| !c.contains("Hint: ")), "evaluation never gets a hint");
-    drop(contexts);
     let (_b, resumed) = run_loop_interrupted(&edits, Some(2)).await;
     for table in ["verifications", "rollouts", "rewards"] {
         assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
