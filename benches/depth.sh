@@ -2,7 +2,7 @@
 # Self-play as the curriculum (docs/learning.md, "Depth from self-play"): can self-play teach
 # the solver depth that no demonstration showed it?
 #
-#   benches/depth.sh                                  # about 2 h on 2 cores
+#   benches/depth.sh                                  # about 1.5 h on 2 cores
 #   LIMIT=8 VAL=10 EVAL_LIMIT=10 STEPS=1 benches/depth.sh   # a smoke run of the recipe
 #
 # 1. Warm start: specs/learn.yaml's `warmup` on the training world's first LIMIT questions
@@ -10,11 +10,12 @@
 #    depth that passes SSP's rules; the last VAL questions (default 200) held out and evaluated
 #    (`train_val`) beside the unseen world (`unseen_world`, EVAL_LIMIT questions, default 300).
 # 2. Its export: both arms start from it, and it is the frozen policy they are compared with.
-# 3. Self-play for STEPS steps (default 8), proposer and solver both trained, SSP's rules, the
-#    proposer asked for two to four hops, invalid proposals replaced from the reuse pool and
-#    only while it is empty by training-world questions of at most two hops; two arms that
-#    differ only in `stages.solve.guidance` (GUIDANCE, default "none hint"), run side by side.
-#    Each is evaluated greedily at its last step.
+# 3. Self-play for STEPS steps (default 6), proposer and solver both trained, SSP's rules, the
+#    proposer asked for two to four hops, invalid proposals replaced from the reuse pool and,
+#    while it is empty, by training-world questions of one to four hops (the solver must meet
+#    depth somewhere: this proposer's deep questions rarely pass the RAG check); two arms
+#    that differ only in `stages.solve.guidance` (GUIDANCE, default "none hint"), side by
+#    side. Each is evaluated greedily at its last step.
 # 4. benches/learn_report.py: per-hop success of each arm against the frozen warm start and
 #    against each other (paired bootstrap), and the curves of self-play per hop count
 #    ($STORE/depth-curves.png) and of held-out success ($STORE/depth-eval.png).
@@ -23,49 +24,27 @@
 # WARM_RUN=runs-depth/<id> skips steps 1 and 2 (the export must be in $STORE/warm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sesa/target}"
 LIMIT="${LIMIT:-200}"
 VAL="${VAL:-200}"
 EVAL_LIMIT="${EVAL_LIMIT:-300}"
-STEPS="${STEPS:-8}"
+STEPS="${STEPS:-6}"
 STORE="${STORE:-runs-depth}"
 GUIDANCE="${GUIDANCE:-none hint}"
 WARM_RUN="${WARM_RUN:-}"
-python3 -m pip install --quiet --disable-pip-version-check duckdb matplotlib
-cargo build --locked --features mistralrs --bin sesa
-sesa="$CARGO_TARGET_DIR/debug/sesa"
-mkdir -p "$STORE"
-started=$(date +%s)
-clock() { echo "[$(( $(date +%s) - started )) s] $*"; }
-run_id() { grep -o "→ .*" "$1" | head -1 | cut -c5-; }
+source benches/learn-common.sh
 
 if [ -n "$WARM_RUN" ]; then
   warm_run="$WARM_RUN"
 else
   clock "warm start: the first $LIMIT questions' demonstrations"
-  "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 \
-    --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
-    --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
-    --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
-    --set stages.propose=null --set stages.verify=null --set stages.solve=null \
-    --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
-    || { tail -20 "$STORE/warm.log"; exit 1; }
-  warm_run=$(run_id "$STORE/warm.log")
-  clock "export"
-  "$sesa" model export "$warm_run" --version 1 --out "$STORE/warm"
+  warm_start
 fi
-# Substitutes: the training world's questions less its held-out tail, of at most two hops.
-total=$(wc -l <data/world-train/questions.jsonl)
-head -n "$(( total - VAL ))" data/world-train/questions.jsonl >"$STORE/substitutes.jsonl"
 
 pids=()
 for guidance in $GUIDANCE; do
   clock "self-play: $STEPS steps, guidance $guidance"
-  "$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" \
-    --set model.model="$STORE/warm" --set model.dtype=int8 \
-    --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
-    --set stages.eval.schedule=at_end --set stages.eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
-    --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" --set stages.verify.fallback_max_hops=2 \
+  "$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" "${from_warm_start[@]}" \
+    --set stages.verify.fallback_max_hops=4 --set stages.eval.schedule=at_end \
     --set stages.solve.guidance="$guidance" >"$STORE/selfplay-$guidance.log" 2>&1 &
   pids+=($!)
 done

@@ -54,46 +54,21 @@ relaxed='{min_words: 4, min_searches: 1}'
 warm_args+=(--set stages.warmup.world.proposer_max_hops=2 --set "stages.warmup.world.rules=$relaxed")
 rl_args+=(--set "stages.propose.rules=$relaxed" --set stages.propose.min_hops=null
   --set stages.verify.pool_clear_interval=1)
-python3 -m pip install --quiet --disable-pip-version-check duckdb matplotlib
-cargo build --locked --features mistralrs --bin sesa
-sesa="$CARGO_TARGET_DIR/debug/sesa"
-mkdir -p "$STORE"
-started=$(date +%s)
-clock() { echo "[$(( $(date +%s) - started )) s] $*"; }
-run_id() { grep -o "→ .*" "$1" | head -1 | cut -c5-; }
+source benches/learn-common.sh
 
 if [ -n "$WARM_RUN" ]; then
   # A warm start made before (by this script, with the same LIMIT and VAL): RL alone from it.
   warm_run="$WARM_RUN"
 else
   clock "warm start: $LIMIT demonstrations, $METHOD at lr ${WARM_LR:-of specs/learn.yaml}"
-  "$sesa" run specs/learn.yaml --store "$STORE" --set steps=1 --set model.dtype=int8 "${warm_args[@]}" \
-    --set stages.warmup.world.limit="$LIMIT" --set stages.warmup.world.held_out="$VAL" \
-    --set stages.warm_start_eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
-    --set stages.warm_start_eval.benchmarks.train_val="{questions: data/world-train/questions.jsonl, last: $VAL}" \
-    --set stages.propose=null --set stages.verify=null --set stages.solve=null \
-    --set stages.reward=null --set stages.update=null --set stages.eval=null >"$STORE/warm.log" 2>&1 \
-    || { tail -20 "$STORE/warm.log"; exit 1; }
-  warm_run=$(run_id "$STORE/warm.log")
-  python3 benches/learn_report.py "$warm_run" --benchmark train_val
-
-  clock "export"
-  "$sesa" model export "$warm_run" --version 1 --out "$STORE/warm"
+  warm_start "${warm_args[@]}"
 fi
-# Substitutes: the training world's questions less its held-out tail (verify keeps those of at
-# most two hops).
-total=$(wc -l <data/world-train/questions.jsonl)
-head -n "$(( total - VAL ))" data/world-train/questions.jsonl >"$STORE/substitutes.jsonl"
 
 clock "RL: $STEPS steps, $METHOD at lr ${LR:-of specs/learn.yaml}"
-"$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" \
-  --set model.model="$STORE/warm" --set model.dtype=int8 \
-  --set stages.warmup=null --set stages.warm_start_eval=null --set 'stages.propose.after=[]' \
+"$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" "${from_warm_start[@]}" \
   --set stages.eval.schedule="{every: $EVERY}" \
-  --set stages.eval.benchmarks.unseen_world.limit="$EVAL_LIMIT" \
   --set stages.solve.n_rollouts=8 --set agent.sampling.temperature=1.0 \
   "${rl_args[@]}" --set 'stages.update.roles=[solver]' \
-  --set stages.verify.fallback_questions="$STORE/substitutes.jsonl" --set stages.verify.fallback_max_hops=2 \
   >"$STORE/rl-$METHOD.log" 2>&1 \
   || { tail -20 "$STORE/rl-$METHOD.log"; exit 1; }
 rl_run=$(run_id "$STORE/rl-$METHOD.log")

@@ -83,6 +83,8 @@ def reader(run):
 
 def evaluations(run):
     """A run's evaluations: answers by question, keyed by (step, stage, policy version)."""
+    if not os.path.isdir(f"{run}/tables/evals"):
+        return {}  # none yet: a run evaluated at its end, still running
     evals = reader(run)(
         "evals",
         "step, regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS stage, question_id, hops, em, policy_version",
@@ -256,15 +258,19 @@ def depth_plot(path):
 
     for line, run, label in zip(lines, args.runs, labels):
         table = reader(run)
+        def searches_by_hops(trajectories, hops, where):
+            """Per step and hop count, the mean searches of `trajectories` (joined to the
+            verification of their question)."""
+            rows = duckdb.sql(
+                f"SELECT t.step, {hops}, avg(len(t.searches)) FROM ({table(trajectories).sql_query()}) t "
+                f"JOIN ({table('verifications').sql_query()}) v ON t.step = v.step AND t.item = v.item "
+                f"WHERE {where} GROUP BY 1, 2 ORDER BY 1, 2"
+            ).fetchall()
+            return {h: [(step, a) for step, k, a in rows if k == h] for h in sorted({k for _, k, _ in rows})}
+
         # Accepted questions: the proposer's searches per requested hop count.
-        accepted = duckdb.sql(
-            f"SELECT p.step, p.hops, avg(len(p.searches)) FROM ({table('proposals').sql_query()}) p "
-            f"JOIN ({table('verifications').sql_query()}) v ON p.step = v.step AND p.item = v.item "
-            "WHERE v.source = 'proposed' GROUP BY 1, 2 ORDER BY 1, 2"
-        ).fetchall()
-        for hops in sorted({h for _, h, _ in accepted}):
-            draw(axes[0][0], [(s, a) for s, h, a in accepted if h == hops], linestyle=line, color=colours.get(hops),
-                 label=f"{label}: asked {hops}")
+        for hops, points in searches_by_hops("proposals", "t.hops", "v.source = 'proposed'").items():
+            draw(axes[0][0], points, linestyle=line, color=colours.get(hops), label=f"{label}: asked {hops}")
         for hops in (1, 2, 3, 4):
             draw(axes[0][1], series_of(run, "reward", f"p_hat_h{hops}"), linestyle=line, color=colours[hops],
                  label=f"{label}: {hops} hops")
@@ -274,14 +280,9 @@ def depth_plot(path):
                                ("dummy", "black")]:
             draw(axes[1][0], series_of(run, "verify", f"source_{source}"), linestyle=line, color=colour,
                  label=f"{label}: {source}")
-        searched = duckdb.sql(
-            f"SELECT r.step, v.hops, avg(len(r.searches)) FROM ({table('rollouts').sql_query()}) r "
-            f"JOIN ({table('verifications').sql_query()}) v ON r.step = v.step AND r.item = v.item "
-            "WHERE v.hops IS NOT NULL AND NOT r.guided GROUP BY 1, 2 ORDER BY 1, 2"
-        ).fetchall()
-        for hops in sorted({h for _, h, _ in searched}):
-            draw(axes[1][1], [(s, a) for s, h, a in searched if h == hops], linestyle=line, color=colours.get(hops),
-                 label=f"{label}: {hops} hops")
+        searched = searches_by_hops("rollouts", "v.hops", "v.hops IS NOT NULL AND NOT t.guided")
+        for hops, points in searched.items():
+            draw(axes[1][1], points, linestyle=line, color=colours.get(hops), label=f"{label}: {hops} hops")
         draw(axes[1][2], series_of(run, "propose", "valid_rate"), linestyle=line, color="tab:blue", label=f"{label}: valid")
         draw(axes[1][2], series_of(run, "verify", "pass_rate"), linestyle=line, color="tab:orange", label=f"{label}: verified")
         draw(axes[1][2], series_of(run, "reward", "guided_success"), linestyle=line, color="tab:red",
@@ -295,7 +296,8 @@ def depth_plot(path):
             axis.set_title(title, fontsize=10)
             axis.set_xlabel("step")
             axis.grid(alpha=0.3)
-            axis.legend(fontsize=6)
+            if axis.get_legend_handles_labels()[0]:
+                axis.legend(fontsize=6)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     print(f"wrote {path}")

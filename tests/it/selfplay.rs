@@ -240,7 +240,10 @@ async fn run_loop_interrupted(
 }
 
 fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
-    let column = batch.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+    strings_of(batch.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap())
+}
+
+fn strings_of(column: &StringArray) -> Vec<String> {
     column.iter().map(|v| v.unwrap_or_default().to_string()).collect()
 }
 
@@ -454,6 +457,27 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
         }
     }
     assert!(seen["proposed"] > 0.0 && seen["substitute"] > 0.0, "both sources occur: {seen:?}");
+    // The path a question was built along: a substitute's supporting titles after its own.
+    let chains: BTreeMap<String, Vec<String>> = sesa_stages::data::datasets::load_questions(&questions)
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.question, q.supporting_titles[1..].to_vec()))
+        .collect();
+    let mut substitutes = 0;
+    for (_, batch) in &tables["verifications"] {
+        let paths = batch.column_by_name("path").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        for (i, (source, question)) in
+            strings(batch, "source").iter().zip(strings(batch, "solver_question")).enumerate()
+        {
+            if source == "substitute" {
+                let path = paths.value(i);
+                let path: Vec<String> = strings_of(path.as_any().downcast_ref::<StringArray>().unwrap());
+                assert_eq!(path, chains[&question], "{question}");
+                substitutes += 1;
+            }
+        }
+    }
+    assert!(substitutes > 0);
     // valid_rate_h<n>: the proposals of n requested hops that were valid.
     let mut checked = 0;
     for (step, batch) in &tables["proposals"] {

@@ -2,12 +2,13 @@
 //! retrieved for the question are in the solver's prompt and recorded; this is the only stage
 //! that retrieves skills.
 //!
-//! With `guidance: hint`, a question the proposer wrote whose every rollout failed gets one
-//! more rollout whose prompt carries a hint from what the proposer found: the entities its
-//! searches walked through, in the order a solver meets them. The guided rollout is recorded
-//! under the unhinted prompt (`guided: true`, the hint in `hint`), so the update trains its
-//! tokens as the answer to the question alone: privileged-context self-distillation, with its
-//! sampling log-probabilities (under the hint) kept for the off-policy correction.
+//! With `guidance: hint`, a question whose every rollout failed gets one more rollout whose
+//! prompt carries a hint from how the question was built (`verifications.path`: the entities
+//! the proposer's searches walked through, or a generated world's supporting chain), in the
+//! order a solver meets them. The guided rollout is recorded under the unhinted prompt
+//! (`guided: true`, the hint in `hint`), so the update trains its tokens as the answer to the
+//! question alone: privileged-context self-distillation, with its sampling log-probabilities
+//! (under the hint) kept for the off-policy correction.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -49,23 +50,19 @@ pub enum Guidance {
     /// Nothing.
     #[default]
     None,
-    /// One more rollout with the proposer's search path as a hint in its prompt, trained as if
-    /// the prompt had no hint (questions the proposer wrote, of two hops or more).
+    /// One more rollout with the question's construction path as a hint in its prompt,
+    /// trained as if the prompt had no hint (questions with a path: the proposer's, or a
+    /// generated world's substitutes).
     Hint,
 }
 
-/// The hint of a question from its proposer's searches, or `None` when they name no
-/// intermediate entity. A proposer walks back from the answer (its first search names the
-/// answer, each later one what the previous found), so the solver meets its searches in the
-/// reverse order; those holding the answer would give it away and are left out.
-pub fn hint(proposer_searches: &[String], target: &str) -> Option<String> {
+/// The hint of a question from the path it was built along (in the order a solver meets it),
+/// or `None` when the path names no entity but the answer: entries holding the answer would
+/// give it away and are left out.
+pub fn hint(path: &[String], target: &str) -> Option<String> {
     let target = target.to_lowercase();
-    let path: Vec<&str> = proposer_searches
-        .iter()
-        .rev()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty() && !s.to_lowercase().contains(&target))
-        .collect();
+    let path: Vec<&str> =
+        path.iter().map(|s| s.trim()).filter(|s| !s.is_empty() && !s.to_lowercase().contains(&target)).collect();
     if path.is_empty() {
         return None;
     }
@@ -172,11 +169,7 @@ impl Stage for Solve {
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
-        let mut inputs = vec![super::verify::Verify::verifications_table()];
-        if self.config.guidance == Guidance::Hint {
-            inputs.push(super::propose::Propose::proposals_table());
-        }
-        inputs
+        vec![super::verify::Verify::verifications_table()]
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -249,10 +242,7 @@ impl Stage for Solve {
         let mut rollouts: Vec<Rollout> =
             rows.into_iter().zip(trajectories).map(|(row, t)| rollout(row, None, t)).collect();
         if self.config.guidance == Guidance::Hint {
-            let proposals = inputs.get("proposals")?;
-            let proposals = Reader::new("proposals", proposals);
-            let searches: BTreeMap<u64, Vec<String>> =
-                proposals.u64("item")?.into_iter().zip(proposals.strs("searches")?).collect();
+            let paths = verifications.strs("path")?;
             let mut guided = Vec::new();
             for (k, &i) in asked.iter().enumerate() {
                 let group = &rollouts[k * self.config.n_rollouts..(k + 1) * self.config.n_rollouts];
@@ -263,10 +253,7 @@ impl Stage for Solve {
                     };
                     solver_reward(&r.trajectory.response, answer, &[targets[i].to_string()], None) == 0.0
                 });
-                let proposed = sources[i] == "proposed";
-                if let Some(hint) =
-                    searches.get(&items[i]).filter(|_| failed && proposed).and_then(|s| hint(s, targets[i]))
-                {
+                if let Some(hint) = Some(&paths[i]).filter(|_| failed).and_then(|p| hint(p, targets[i])) {
                     guided.push((k, i, hint));
                 }
             }
@@ -313,9 +300,10 @@ mod tests {
     use super::hint;
 
     #[test]
-    fn a_hint_walks_the_proposers_searches_forward_without_the_answer() {
-        let searches = ["Veltria".to_string(), "Orla".to_string(), "Mimi Observatory".to_string()];
-        let hint = hint(&searches, "veltria").unwrap();
+    fn a_hint_names_the_path_without_the_answer() {
+        // A proposer's searches, reversed by verify: the walk forward.
+        let path = ["Mimi Observatory".to_string(), "Orla".to_string(), "Veltria".to_string()];
+        let hint = hint(&path, "veltria").unwrap();
         assert!(hint.contains("Mimi Observatory, then Orla."), "{hint}");
         assert!(!hint.to_lowercase().contains("veltria"), "{hint}");
         assert_eq!(super::hint(&["Veltria country".to_string()], "Veltria"), None, "nothing but the answer");

@@ -156,6 +156,11 @@ struct Verification {
     requested_hops: u64,
     /// Hops of the solver's question: those the proposer was asked for, a substitute's own.
     hops: Option<u64>,
+    /// The entities the question was built along, in the order a solver meets them: the
+    /// proposer's searches reversed (it walks back from the answer), a generated world's
+    /// supporting titles after the question's own; empty when unknown. What `solve`'s
+    /// guidance hints from.
+    path: Vec<String>,
     source: &'static str,
 }
 
@@ -174,6 +179,7 @@ fn verifications_batch(rows: &[Verification]) -> Result<RecordBatch, ArrowError>
         .str("solver_target", rows.iter().map(|r| r.solver_target.as_str()))
         .u64("requested_hops", rows.iter().map(|r| r.requested_hops))
         .opt_u64("hops", rows.iter().map(|r| r.hops))
+        .strs("path", rows.iter().map(|r| r.path.iter().map(String::as_str)))
         .str("source", rows.iter().map(|r| r.source))
         .finish()
 }
@@ -257,6 +263,7 @@ impl Stage for Verify {
         let proposals = Reader::new("proposals", batch);
         let targets = proposals.str("target")?;
         let requested = proposals.u64("hops")?;
+        let searches = proposals.strs("searches")?;
         let questions = proposals.opt_str("question")?;
         let reasons = proposals.str("reason")?;
         let materials = proposals.str("materials")?;
@@ -334,24 +341,26 @@ impl Stage for Verify {
                 Some(k) => (false, Some(answers[k].clone()), "the verifier's answer does not match the target".into()),
                 None => (false, None, format!("invalid: {}", reasons[i])),
             };
-            let (solver_question, solver_target, hops, source) = if accept {
-                (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), "proposed")
+            let (solver_question, solver_target, hops, path, source) = if accept {
+                let path = searches[i].iter().rev().cloned().collect();
+                (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), path, "proposed")
             } else {
                 let mut rng = cx.rng(2_000_000 + i as u64);
                 let replacement = match self.config.invalid {
-                    InvalidStrategy::Reuse if !available.is_empty() => {
-                        available.choose(&mut rng).map(|q| (q.question.clone(), q.target.clone(), q.hops, "reused"))
-                    }
+                    InvalidStrategy::Reuse if !available.is_empty() => available
+                        .choose(&mut rng)
+                        .map(|q| (q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused")),
                     InvalidStrategy::Reuse => fallback.choose(&mut rng).map(|q| {
                         let target = q.golden_answers.first().cloned().unwrap_or_default();
-                        (q.question.clone(), target, q.hops.map(u64::from), "substitute")
+                        let path = q.supporting_titles.iter().skip(1).cloned().collect();
+                        (q.question.clone(), target, q.hops.map(u64::from), path, "substitute")
                     }),
                     _ => None,
                 };
                 match (self.config.invalid, replacement) {
-                    (InvalidStrategy::Drop, _) => (None, targets[i].to_string(), None, "none"),
-                    (_, Some((question, target, hops, source))) => (Some(question), target, hops, source),
-                    (_, None) => (Some(DUMMY_QUESTION.to_string()), targets[i].to_string(), None, "dummy"),
+                    (InvalidStrategy::Drop, _) => (None, targets[i].to_string(), None, Vec::new(), "none"),
+                    (_, Some((question, target, hops, path, source))) => (Some(question), target, hops, path, source),
+                    (_, None) => (Some(DUMMY_QUESTION.to_string()), targets[i].to_string(), None, Vec::new(), "dummy"),
                 }
             };
             rows.push(Verification {
@@ -364,6 +373,7 @@ impl Stage for Verify {
                 solver_target,
                 requested_hops: requested[i],
                 hops,
+                path,
                 source,
             });
         }
