@@ -457,11 +457,14 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
         }
     }
     assert!(seen["proposed"] > 0.0 && seen["substitute"] > 0.0, "both sources occur: {seen:?}");
-    // The path a question was built along: a substitute's supporting titles after its own.
+    // The path a question was built along: a substitute's chain, searched hop by hop.
     let chains: BTreeMap<String, Vec<String>> = sesa_stages::data::datasets::load_questions(&questions)
         .unwrap()
         .into_iter()
-        .map(|q| (q.question, q.supporting_titles[1..].to_vec()))
+        .map(|q| {
+            let searches = q.supporting_titles.iter().zip(&q.supporting_relations).map(|(t, r)| format!("{t} {r}"));
+            (q.question, searches.collect())
+        })
         .collect();
     let mut substitutes = 0;
     for (_, batch) in &tables["verifications"] {

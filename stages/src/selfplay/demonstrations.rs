@@ -48,6 +48,19 @@ impl Demonstration {
     }
 }
 
+/// The searches that walk `question`'s supporting chain, one per hop: each entity with the
+/// relation the hop needs ("Orla country"), or its title alone where the dataset names no
+/// relation.
+pub fn chain_searches(question: &Question) -> Vec<String> {
+    let relations = &question.supporting_relations;
+    question
+        .supporting_titles
+        .iter()
+        .enumerate()
+        .map(|(hop, title)| relations.get(hop).map_or_else(|| title.clone(), |r| format!("{title} {r}")))
+        .collect()
+}
+
 /// What writing demonstrations needs from the run.
 pub struct Writer<'a> {
     /// The policy (its chat template and tokenizer).
@@ -130,14 +143,15 @@ impl Writer<'_> {
         );
         let mut turns = Vec::new();
         let relations = &question.supporting_relations;
-        for (hop, title) in titles.iter().enumerate() {
-            let (need, query) = match relation(hop) {
+        let queries = chain_searches(question);
+        for ((hop, title), query) in titles.iter().enumerate().zip(queries) {
+            let need = match relation(hop) {
                 Some(relation) if hop == 0 => {
                     let then: String = relations[1..].iter().map(|r| format!(", then the {r} of it")).collect();
-                    (format!("I need the {relation} of {title}{then}."), format!("{title} {relation}"))
+                    format!("I need the {relation} of {title}{then}.")
                 }
-                Some(relation) => (format!("Next, the {relation} of {title}."), format!("{title} {relation}")),
-                None => (format!("I need to read about {title}."), title.clone()),
+                Some(relation) => format!("Next, the {relation} of {title}."),
+                None => format!("I need to read about {title}."),
             };
             let found = if hop == 0 { String::new() } else { fact(hop - 1, title) + " " };
             let (information, hit) = self.search(&query, title).await?;
@@ -189,11 +203,8 @@ impl Writer<'_> {
             materials.push_str(&information);
             turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
         }
-        let relation = |hop: usize| question.supporting_relations.get(hop);
-        let confirmations: Vec<String> = (0..titles.len())
-            .take(rules.min_searches.saturating_sub(queries.len()))
-            .map(|hop| relation(hop).map_or_else(|| titles[hop].clone(), |r| format!("{} {r}", titles[hop])))
-            .collect();
+        let confirmations: Vec<String> =
+            chain_searches(question).into_iter().take(rules.min_searches.saturating_sub(queries.len())).collect();
         for (hop, query) in confirmations.iter().enumerate() {
             let (information, found) = self.search(query, &titles[hop]).await?;
             if !found {

@@ -56,9 +56,10 @@ pub enum Guidance {
     Hint,
 }
 
-/// The hint of a question from the path it was built along (in the order a solver meets it),
-/// or `None` when the path names no entity but the answer: entries holding the answer would
-/// give it away and are left out.
+/// The hint of a question from the path it was built along (searches, in the order a solver
+/// makes them), or `None` when the path holds nothing but the answer: entries holding the
+/// answer would give it away and are left out. It follows the question in the user's message,
+/// where a small model reads it (in the system message, beside skills, SmolLM2-135M ignored it).
 pub fn hint(path: &[String], target: &str) -> Option<String> {
     let target = target.to_lowercase();
     let path: Vec<&str> =
@@ -66,10 +67,7 @@ pub fn hint(path: &[String], target: &str) -> Option<String> {
     if path.is_empty() {
         return None;
     }
-    Some(format!(
-        "Hint: search the question's entity first, then each entity you find on the way: {}. One search a step, then answer.\n\n",
-        path.join(", then ")
-    ))
+    Some(format!("\nHint: search {}, one at a time, then answer from the last.", path.join(", then ")))
 }
 
 fn first_step() -> u64 {
@@ -261,7 +259,7 @@ impl Stage for Solve {
             let episodes: Vec<Episode> = guided
                 .iter()
                 .map(|(k, i, hint)| Episode {
-                    prompt: render(questions[*i].unwrap_or_default(), format!("{}{hint}", blocks[*k])),
+                    prompt: render(&format!("{}{hint}", questions[*i].unwrap_or_default()), blocks[*k].clone()),
                     seed: cx.seed((items[*i] << 20) | n),
                 })
                 .collect();
@@ -304,7 +302,7 @@ mod tests {
         // A proposer's searches, reversed by verify: the walk forward.
         let path = ["Mimi Observatory".to_string(), "Orla".to_string(), "Veltria".to_string()];
         let hint = hint(&path, "veltria").unwrap();
-        assert!(hint.contains("Mimi Observatory, then Orla."), "{hint}");
+        assert_eq!(hint, "\nHint: search Mimi Observatory, then Orla, one at a time, then answer from the last.");
         assert!(!hint.to_lowercase().contains("veltria"), "{hint}");
         assert_eq!(super::hint(&["Veltria country".to_string()], "Veltria"), None, "nothing but the answer");
         assert_eq!(super::hint(&[], "Veltria"), None);

@@ -156,10 +156,10 @@ struct Verification {
     requested_hops: u64,
     /// Hops of the solver's question: those the proposer was asked for, a substitute's own.
     hops: Option<u64>,
-    /// The entities the question was built along, in the order a solver meets them: the
-    /// proposer's searches reversed (it walks back from the answer), a generated world's
-    /// supporting titles after the question's own; empty when unknown. What `solve`'s
-    /// guidance hints from.
+    /// The searches the question was built along, in the order a solver makes them: the
+    /// proposer's reversed (it walks back from the answer), or each hop of a generated world's
+    /// supporting chain as the solver's demonstrations search it (`entity relation`); empty
+    /// when unknown. What `solve`'s guidance hints from.
     path: Vec<String>,
     source: &'static str,
 }
@@ -352,7 +352,7 @@ impl Stage for Verify {
                         .map(|q| (q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused")),
                     InvalidStrategy::Reuse => fallback.choose(&mut rng).map(|q| {
                         let target = q.golden_answers.first().cloned().unwrap_or_default();
-                        let path = q.supporting_titles.iter().skip(1).cloned().collect();
+                        let path = crate::selfplay::demonstrations::chain_searches(q);
                         (q.question.clone(), target, q.hops.map(u64::from), path, "substitute")
                     }),
                     _ => None,
