@@ -68,6 +68,16 @@ pub enum Outcome {
     ContextLimit,
 }
 
+impl Outcome {
+    /// The text of the final tag, when the episode ended with one.
+    pub fn final_text(&self) -> Option<&str> {
+        match self {
+            Outcome::Final(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
 /// One generation turn of an episode.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Turn {

@@ -72,13 +72,9 @@ fn validity_rules_name_the_reason() {
 fn validity_rules_hold_at_their_edges() {
     let rules = ValidityRules::default();
     let ten = "Which city was the birthplace of the founder of Zelprabel?";
-    assert_eq!(ten.split_whitespace().count(), 10);
-    let nine = "Which city was the birthplace of the founder of Zelprabel?".replacen("the founder of ", "", 1);
-    assert_eq!(nine.split_whitespace().count(), 7);
-    let nine = format!("{nine} there too");
-    assert_eq!(nine.split_whitespace().count(), 9);
+    let nine = "Which city was the birthplace of the founder Zelprabel?";
     assert!(rules.check(Some(ten), "Orla", &["a", "b"], "m").is_ok());
-    assert_eq!(rules.check(Some(&nine), "Orla", &["a", "b"], "m"), Err("9 words, fewer than 10".into()));
+    assert_eq!(rules.check(Some(nine), "Orla", &["a", "b"], "m"), Err("9 words, fewer than 10".into()));
     assert_eq!(rules.check(Some(ten), "Orla", &["a", "a", "b"], "m"), Err("repeated search queries".into()));
     let long = "x".repeat(1001);
     let words = format!("{long} a b c d e f g h i");

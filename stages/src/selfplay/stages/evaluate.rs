@@ -20,7 +20,7 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 use super::solve::{Retrieval, retrieve};
 use super::verify::judge_answers;
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
-use crate::agent::{AgentRun, Episode, Outcome, PromptTemplate, Role};
+use crate::agent::{AgentRun, Episode, PromptTemplate, Role};
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
 use crate::data::metrics::{exact_match, f1_score};
@@ -371,10 +371,7 @@ impl Stage for Evaluate {
             }
             let start = rows.len();
             for (question, trajectory) in questions.iter().zip(trajectories) {
-                let prediction = match &trajectory.outcome {
-                    Outcome::Final(answer) => Some(answer.clone()),
-                    _ => None,
-                };
+                let prediction = trajectory.outcome.final_text().map(str::to_string);
                 let answer = prediction.as_deref().unwrap_or_default();
                 let em = if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 };
                 rows.push(EvalRow {

@@ -33,10 +33,10 @@ use crate::policy::{KvCacheDtype, Precision};
 
 /// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
 /// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.
-pub fn metrics_batch(stage: &str, rows: &[(&str, f64)]) -> Result<RecordBatch, ArrowError> {
+pub fn metrics_batch<M: AsRef<str>>(stage: &str, rows: &[(M, f64)]) -> Result<RecordBatch, ArrowError> {
     Columns::default()
         .str("stage", rows.iter().map(|_| stage))
-        .str("metric", rows.iter().map(|(m, _)| *m))
+        .str("metric", rows.iter().map(|(m, _)| m.as_ref()))
         .f64("value", rows.iter().map(|(_, v)| *v))
         .finish()
 }
@@ -68,7 +68,7 @@ pub const STEP_SUMMARY: &[(&str, &str)] = &[
 ];
 
 fn metrics_table() -> TableSpec {
-    TableSpec::new("step_metrics", schema_of(|| metrics_batch("", &[])))
+    TableSpec::new("step_metrics", schema_of(|| metrics_batch::<&str>("", &[])))
 }
 
 fn skills_table() -> TableSpec {

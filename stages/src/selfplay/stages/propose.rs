@@ -12,7 +12,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, play, with_trajectories};
-use crate::agent::{Episode, Outcome, Role, Trajectory};
+use crate::agent::{Episode, Role, Trajectory};
 use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -190,10 +190,7 @@ impl Stage for Propose {
             .into_iter()
             .zip(trajectories)
             .map(|(target, trajectory)| {
-                let question = match &trajectory.outcome {
-                    Outcome::Final(question) => Some(question.clone()),
-                    _ => None,
-                };
+                let question = trajectory.outcome.final_text().map(str::to_string);
                 let verdict = self.config.rules.check(
                     question.as_deref(),
                     &target.answer,
@@ -219,7 +216,6 @@ impl Stage for Propose {
             ("search_ms".into(), search_ms),
             ("wall_ms".into(), elapsed_ms(clock)),
         ]);
-        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("proposals", proposals_batch(&proposals)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))

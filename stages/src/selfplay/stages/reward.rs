@@ -216,8 +216,8 @@ impl Stage for Reward {
             if let Some(version) = bank.commit() {
                 skills = skills_batch(version, bank.skills())?;
             }
-            bank_metrics.push(("bank_size", bank.len() as f64));
-            bank_metrics.push(("bank_version", bank.version() as f64));
+            bank_metrics.push(("bank_size".to_string(), bank.len() as f64));
+            bank_metrics.push(("bank_version".to_string(), bank.version() as f64));
         }
         // Success of the unguided rollouts, per hop count of their question where it has one.
         let solved: Vec<(Option<u64>, f64)> = (0..rollouts.rows())
@@ -240,8 +240,7 @@ impl Stage for Reward {
         metrics.extend(per_hops("proposer_reward", proposer_rewards.iter().copied()));
         metrics.push(("generation_ms".into(), generation_ms));
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
-        metrics.extend(bank_metrics.into_iter().map(|(k, v)| (k.to_string(), v)));
-        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        metrics.extend(bank_metrics);
         Ok(Tables::new()
             .with("rewards", rewards_batch(&rows)?)
             .with("skills", skills)

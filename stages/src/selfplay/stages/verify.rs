@@ -399,7 +399,6 @@ impl Stage for Verify {
         metrics.extend(per_hops("pass_rate", checked_hops));
         metrics.push(("generation_ms".into(), generation_ms));
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
-        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("verifications", verifications_batch(&rows)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))

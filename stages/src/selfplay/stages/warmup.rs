@@ -391,7 +391,6 @@ impl Stage for Warmup {
         }
         all.extend(shown.into_iter().map(|((role, hops), n)| (format!("{role}_demonstrations_h{hops}"), n)));
         all.push(("wall_ms".into(), elapsed_ms(clock)));
-        let all: Vec<(&str, f64)> = all.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("train_steps", train_steps_batch(cx.stage_name(), &rows)?)
             .with("policy_versions", published.policy_versions)

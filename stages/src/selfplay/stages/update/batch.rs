@@ -126,7 +126,10 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 /// whose rewards are all equal left out when `skip_silent`.
 pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
-    let items = Reader::new("rollouts", rollouts).u64("item")?;
+    let (items, guided) = {
+        let reader = Reader::new("rollouts", rollouts);
+        (reader.u64("item")?, reader.bool("guided")?)
+    };
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
     let (roles, values) = (reader.str("role")?, reader.f64("reward")?);
@@ -137,7 +140,6 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBat
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
     }
     let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
-    let guided = Reader::new("rollouts", rollouts).bool("guided")?;
     let mut samples = samples("rollouts", rollouts, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
@@ -158,8 +160,10 @@ pub(super) fn proposer_batch(
     baseline: impl FnOnce(f64) -> f64,
 ) -> Result<RoleBatch, StageError> {
     let proposals = inputs.get("proposals")?;
-    let items = Reader::new("proposals", proposals).u64("item")?;
-    let hops = Reader::new("proposals", proposals).u64("hops")?;
+    let (items, hops) = {
+        let reader = Reader::new("proposals", proposals);
+        (reader.u64("item")?, reader.u64("hops")?)
+    };
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
     let (roles, reward_items, values) = (reader.str("role")?, reader.u64("item")?, reader.f64("reward")?);

@@ -327,7 +327,6 @@ impl Stage for Update {
             metrics.push((model.version_metric().into(), *version as f64));
         }
         metrics.push(("wall_ms".into(), elapsed_ms(clock)));
-        let metrics: Vec<(&str, f64)> = metrics.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         Ok(Tables::new()
             .with("updates", updates_batch(rows)?)
             .with("policy_versions", outcome.published.policy_versions)
