@@ -87,9 +87,13 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                 let rows: usize = report.micro_batches.iter().map(|m| m.tokens).sum();
                 let forward_backward: f64 = report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>() / 1e3;
                 let loss = report.micro_batches.iter().map(|m| m.loss).sum::<f64>() / scored_total.max(1) as f64;
+                // A forward pass alone, as the update's KL reference and old-policy passes run it.
+                let clock = std::time::Instant::now();
+                trainer.logprobs(&sequences, 1.0)?;
+                let forward = clock.elapsed().as_secs_f64();
                 let label = if name.is_empty() { String::new() } else { format!(" {name}") };
                 println!(
-                    "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s",
+                    "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s, forward alone {forward:.2} s",
                     step + 1,
                     all_tokens as f64 / seconds,
                     report.optimizer_ms / 1e3,

@@ -276,13 +276,34 @@ pub struct StepReport {
 /// derivative with respect to each log-probability.
 pub type LossFn<'a> = dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>) + 'a;
 
-/// Each sequence's scored positions, and its micro-batches of at most `budget` rows.
-fn packed(sequences: &[TrainSequence], budget: usize) -> (Vec<Vec<usize>>, Vec<std::ops::Range<usize>>) {
-    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-    let shapes: Vec<(&[u32], Option<usize>)> =
-        sequences.iter().zip(&positions).map(|(s, p)| (s.tokens.as_slice(), p.first().copied())).collect();
-    let ranges = micro_batches(&shapes, budget.max(1));
-    (positions, ranges)
+/// How a step's sequences run: each one's scored positions and the tokens it needs, and the
+/// micro-batches of at most `budget` rows.
+struct Packed<'a> {
+    positions: Vec<Vec<usize>>,
+    /// Each sequence up to its last scored token: nothing reads the rows after it (attention
+    /// is causal), such as the passages of a search a rollout never answered after.
+    tokens: Vec<&'a [u32]>,
+    micro_batches: Vec<std::ops::Range<usize>>,
+}
+
+impl<'a> Packed<'a> {
+    fn new(sequences: &'a [TrainSequence], budget: usize) -> Packed<'a> {
+        let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+        let tokens: Vec<&[u32]> = sequences
+            .iter()
+            .zip(&positions)
+            .map(|(s, p)| &s.tokens[..p.last().map_or(s.tokens.len(), |last| last + 1)])
+            .collect();
+        let shapes: Vec<(&[u32], Option<usize>)> =
+            tokens.iter().zip(&positions).map(|(&t, p)| (t, p.first().copied())).collect();
+        let micro_batches = micro_batches(&shapes, budget.max(1));
+        Packed { positions, tokens, micro_batches }
+    }
+
+    /// The examples of the sequences in `range`.
+    fn examples(&self, range: std::ops::Range<usize>) -> Vec<Example<'_>> {
+        range.map(|i| Example { tokens: self.tokens[i], positions: &self.positions[i] }).collect()
+    }
 }
 
 /// The scored log-probabilities of each sequence under `model` at `temperature`, by
@@ -293,12 +314,10 @@ pub fn logprobs(
     temperature: f32,
     budget: usize,
 ) -> Result<Vec<Vec<f32>>, BatchError> {
-    let (positions, ranges) = packed(sequences, budget);
+    let packed = Packed::new(sequences, budget);
     let mut out = Vec::with_capacity(sequences.len());
-    for range in ranges {
-        let examples: Vec<Example<'_>> =
-            range.map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
-        out.extend(model.forward(&examples, temperature)?.logprobs);
+    for range in packed.micro_batches.iter().cloned() {
+        out.extend(model.score(&packed.examples(range), temperature)?);
     }
     Ok(out)
 }
@@ -345,7 +364,7 @@ impl Trainer {
         lr: f64,
         loss: &mut LossFn<'_>,
     ) -> Result<StepReport, BatchError> {
-        let (positions, ranges) = packed(sequences, self.micro_batch_tokens);
+        let packed = Packed::new(sequences, self.micro_batch_tokens);
         let mut grads = match self.grads.take() {
             Some(mut grads) => {
                 grads.zero();
@@ -354,10 +373,9 @@ impl Trainer {
             None => self.model.zero_grads(),
         };
         let mut micro = Vec::new();
-        for range in ranges {
+        for range in packed.micro_batches.iter().cloned() {
             let clock = Instant::now();
-            let examples: Vec<Example<'_>> =
-                range.clone().map(|i| Example { tokens: &sequences[i].tokens, positions: &positions[i] }).collect();
+            let examples = packed.examples(range.clone());
             let tape = self.model.forward(&examples, temperature)?;
             let mut total = 0.0;
             let mut derivatives = Vec::with_capacity(examples.len());
@@ -379,7 +397,7 @@ impl Trainer {
                 sequences: range.clone(),
                 loss: total,
                 tokens: rows,
-                scored: positions[range].iter().map(Vec::len).sum(),
+                scored: packed.positions[range].iter().map(Vec::len).sum(),
                 wall_ms: clock.elapsed().as_secs_f64() * 1e3,
             });
         }

@@ -263,3 +263,37 @@ fn a_shared_prompt_runs_once_and_gives_the_gradient_of_separate_sequences() {
         }
     }
 }
+
+#[test]
+fn scoring_without_a_tape_gives_the_forward_pass_log_probabilities() {
+    let model = TrainModel::new(random(tiny_shape(), true, 12));
+    let sequences = group_of_rollouts();
+    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+    let examples: Vec<Example<'_>> =
+        sequences.iter().zip(&positions).map(|(s, p)| Example { tokens: &s.tokens, positions: p }).collect();
+    let scored = model.score(&examples, 0.8).unwrap();
+    assert_eq!(scored, model.forward(&examples, 0.8).unwrap().logprobs);
+    assert_eq!(scored.iter().map(Vec::len).collect::<Vec<_>>(), positions.iter().map(Vec::len).collect::<Vec<_>>());
+}
+
+#[test]
+fn rows_after_the_last_scored_token_are_not_run() {
+    let sequence = |tail: &[u32]| {
+        let mut tokens = vec![3, 1, 4, 1, 5, 9, 2];
+        let mut mask = vec![0, 0, 1, 1, 1, 0, 1];
+        tokens.extend(tail);
+        mask.extend(vec![0; tail.len()]);
+        TrainSequence { tokens, mask }
+    };
+    let (bare, tailed) = (vec![sequence(&[])], vec![sequence(&[6, 5, 3, 5])]);
+    let model = TrainModel::new(random(tiny_shape(), true, 13));
+    assert_eq!(logprobs(&model, &tailed, 1.0, 64).unwrap(), logprobs(&model, &bare, 1.0, 64).unwrap());
+    let step = |batch: &[TrainSequence]| {
+        let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 13)), 64);
+        let report = trainer.supervised_step(batch, &OptimizerConfig::adamw(1e-2), 1e-2).unwrap();
+        (report.micro_batches[0].tokens, trainer.model.weights)
+    };
+    let (rows, weights) = step(&tailed);
+    assert_eq!(rows, 7, "the four passage tokens after the last scored one are not rows");
+    assert_eq!(weights, step(&bare).1);
+}
