@@ -521,17 +521,15 @@ impl TrainModel {
                     Out { data: block, offset: 0, row: width },
                 );
             }
-            for rows in causal_blocks(len) {
-                gemm_serial(
-                    rows.len(),
-                    head_dim,
-                    rows.end,
-                    queries.at(rows.start * hidden),
-                    View::transposed(k, kv_width).at(start * kv_width + kv_offset),
-                    0.0,
-                    Out { data: block, offset: rows.start * width + prefix_len, row: width },
-                );
-            }
+            causal_gemm(
+                Causal::LowerOutput,
+                len,
+                head_dim,
+                queries,
+                View::transposed(k, kv_width).at(start * kv_width + kv_offset),
+                0.0,
+                Out { data: block, offset: prefix_len, row: width },
+            );
             for (i, row) in block.chunks_exact_mut(width).enumerate() {
                 let visible = &mut row[..=prefix_len + i];
                 let max = visible.iter().map(|z| z * scale).fold(f32::NEG_INFINITY, f32::max);
@@ -555,17 +553,15 @@ impl TrainModel {
                     Out { data: out, offset: out_at, row: hidden },
                 );
             }
-            for rows in causal_blocks(len) {
-                gemm_serial(
-                    rows.len(),
-                    rows.end,
-                    head_dim,
-                    View::rows(block, width).at(rows.start * width + prefix_len),
-                    View::rows(v, kv_width).at(start * kv_width + kv_offset),
-                    if prefix_len > 0 { 1.0 } else { 0.0 },
-                    Out { data: out, offset: out_at + rows.start * hidden, row: hidden },
-                );
-            }
+            causal_gemm(
+                Causal::LowerFactor,
+                len,
+                head_dim,
+                View::rows(block, width).at(prefix_len),
+                View::rows(v, kv_width).at(start * kv_width + kv_offset),
+                if prefix_len > 0 { 1.0 } else { 0.0 },
+                Out { data: out, offset: out_at, row: hidden },
+            );
         });
         (probs, attended)
     }
@@ -714,17 +710,15 @@ impl TrainModel {
                     (zeros(len), zeros(len), zeros(prefix_len), zeros(prefix_len));
                 // dV = Pᵀ·dO, for the segment's own values and the prefix's.
                 let probs_t = View::transposed(probs, width);
-                for cols in causal_blocks(len) {
-                    gemm_serial(
-                        cols.len(),
-                        len - cols.start,
-                        head_dim,
-                        probs_t.at(prefix_len + cols.start * (width + 1)),
-                        d_out.at(cols.start * hidden),
-                        0.0,
-                        Out { data: &mut dv, offset: cols.start * head_dim, row: head_dim },
-                    );
-                }
+                causal_gemm(
+                    Causal::UpperFactor,
+                    len,
+                    head_dim,
+                    probs_t.at(prefix_len),
+                    d_out,
+                    0.0,
+                    Out::rows(&mut dv, head_dim),
+                );
                 gemm_serial(prefix_len, len, head_dim, probs_t, d_out, 0.0, Out::rows(&mut dv_prefix, head_dim));
                 // dP = dO·Vᵀ, then dS = P ∘ (dP − rowsum(dP ∘ P)), times the score scale.
                 let mut dscores = vec![0.0f32; len * width];
@@ -738,17 +732,15 @@ impl TrainModel {
                     0.0,
                     Out { data: &mut dscores, offset: 0, row: width },
                 );
-                for rows in causal_blocks(len) {
-                    gemm_serial(
-                        rows.len(),
-                        head_dim,
-                        rows.end,
-                        d_out.at(rows.start * hidden),
-                        values_t.at(kv_at),
-                        0.0,
-                        Out { data: &mut dscores, offset: rows.start * width + prefix_len, row: width },
-                    );
-                }
+                causal_gemm(
+                    Causal::LowerOutput,
+                    len,
+                    head_dim,
+                    d_out,
+                    values_t.at(kv_at),
+                    0.0,
+                    Out { data: &mut dscores, offset: prefix_len, row: width },
+                );
                 for (i, (drow, prow)) in dscores.chunks_exact_mut(width).zip(probs.chunks_exact(width)).enumerate() {
                     let visible = prefix_len + i + 1;
                     let dot: f32 = drow[..visible].iter().zip(&prow[..visible]).map(|(d, p)| d * p).sum();
@@ -772,29 +764,25 @@ impl TrainModel {
                         Out { data: dq, offset: q_at, row: hidden },
                     );
                 }
-                for rows in causal_blocks(len) {
-                    gemm_serial(
-                        rows.len(),
-                        rows.end,
-                        head_dim,
-                        View::rows(&dscores, width).at(rows.start * width + prefix_len),
-                        keys.at(kv_at),
-                        if prefix_len > 0 { 1.0 } else { 0.0 },
-                        Out { data: &mut *dq, offset: q_at + rows.start * hidden, row: hidden },
-                    );
-                }
+                causal_gemm(
+                    Causal::LowerFactor,
+                    len,
+                    head_dim,
+                    View::rows(&dscores, width).at(prefix_len),
+                    keys.at(kv_at),
+                    if prefix_len > 0 { 1.0 } else { 0.0 },
+                    Out { data: dq, offset: q_at, row: hidden },
+                );
                 let (dscores_t, queries) = (View::transposed(&dscores, width), View::rows(&t.q, hidden).at(q_at));
-                for cols in causal_blocks(len) {
-                    gemm_serial(
-                        cols.len(),
-                        len - cols.start,
-                        head_dim,
-                        dscores_t.at(prefix_len + cols.start * (width + 1)),
-                        queries.at(cols.start * hidden),
-                        0.0,
-                        Out { data: &mut dk, offset: cols.start * head_dim, row: head_dim },
-                    );
-                }
+                causal_gemm(
+                    Causal::UpperFactor,
+                    len,
+                    head_dim,
+                    dscores_t.at(prefix_len),
+                    queries,
+                    0.0,
+                    Out::rows(&mut dk, head_dim),
+                );
                 gemm_serial(prefix_len, len, head_dim, dscores_t, queries, 0.0, Out::rows(&mut dk_prefix, head_dim));
                 [dk, dv, dk_prefix, dv_prefix]
             })
@@ -823,9 +811,33 @@ impl TrainModel {
 /// several blocks.
 const CAUSAL_BLOCK: usize = if cfg!(test) { 3 } else { 32 };
 
-/// `0..len` in blocks of [`CAUSAL_BLOCK`].
-fn causal_blocks(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    (0..len).step_by(CAUSAL_BLOCK).map(move |r| r..(r + CAUSAL_BLOCK).min(len))
+/// Where a product with a segment's `len × len` causal attention matrix has its zeros.
+#[derive(Clone, Copy)]
+enum Causal {
+    /// `C (len × len) ← A (len × inner) · B (inner × len)`, wanted on and below the diagonal
+    /// (the scores).
+    LowerOutput,
+    /// `C (len × inner) ← L · B` with `L` zero above the diagonal (probabilities times values).
+    LowerFactor,
+    /// `C (len × inner) ← U · B` with `U` zero below the diagonal: a lower-triangular matrix
+    /// read transposed (the gradients of keys and values).
+    UpperFactor,
+}
+
+/// `C ← (the product `kind` names) + β·C`, by blocks of [`CAUSAL_BLOCK`] rows of C, each over
+/// only the columns or inner indices its block can have non-zeros in.
+fn causal_gemm(kind: Causal, len: usize, inner: usize, a: View<'_>, b: View<'_>, beta: f32, mut c: Out<'_>) {
+    for r in (0..len).step_by(CAUSAL_BLOCK) {
+        let rows = (r + CAUSAL_BLOCK).min(len) - r;
+        let out = Out { data: &mut *c.data, offset: c.offset + r * c.row, row: c.row };
+        match kind {
+            Causal::LowerOutput => gemm_serial(rows, inner, r + rows, a.at(r * a.row), b, beta, out),
+            Causal::LowerFactor => gemm_serial(rows, r + rows, inner, a.at(r * a.row), b, beta, out),
+            Causal::UpperFactor => {
+                gemm_serial(rows, len - r, inner, a.at(r * (a.row + a.col)), b.at(r * b.row), beta, out)
+            }
+        }
+    }
 }
 
 fn silu(x: f32) -> f32 {
