@@ -826,7 +826,7 @@ enum Causal {
 
 /// `C ← (the product `kind` names) + β·C`, by blocks of [`CAUSAL_BLOCK`] rows of C, each over
 /// only the columns or inner indices its block can have non-zeros in.
-fn causal_gemm(kind: Causal, len: usize, inner: usize, a: View<'_>, b: View<'_>, beta: f32, mut c: Out<'_>) {
+fn causal_gemm(kind: Causal, len: usize, inner: usize, a: View<'_>, b: View<'_>, beta: f32, c: Out<'_>) {
     for r in (0..len).step_by(CAUSAL_BLOCK) {
         let rows = (r + CAUSAL_BLOCK).min(len) - r;
         let out = Out { data: &mut *c.data, offset: c.offset + r * c.row, row: c.row };
