@@ -168,6 +168,7 @@ fn resources_with(
         bank: Mutex::new(SkillBank::new(MemorySection::default_bank_config())),
         embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
         top_k: 2,
+        min_similarity: None,
         queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
     };
     LoopResources::new(selfplay, Some(memory))

@@ -69,6 +69,12 @@ pub struct MemorySection {
     /// Skills in the solver's prompt (paper: 3).
     #[serde(default = "defaults::top_k")]
     pub top_k: usize,
+    /// A skill is shown only when its cosine to the question is at least this; a question
+    /// whose top-k all fall below it is solved with no skill, and its rollouts record none.
+    /// Unset (the paper's way), the top-k are always shown: irrelevant skills hurt a small
+    /// solver most.
+    #[serde(default)]
+    pub min_similarity: Option<f32>,
     /// Retrievals before a harmful skill can be evicted (paper: 3).
     #[serde(default = "defaults::evict_min_retrievals")]
     pub evict_min_retrievals: u64,
@@ -105,6 +111,9 @@ impl Section for MemorySection {
         let mut problems = Vec::new();
         if !(-1.0..=1.0).contains(&self.dedup_threshold) {
             problems.push(ConfigProblem::new("dedup_threshold", "a cosine similarity, between -1 and 1"));
+        }
+        if self.min_similarity.is_some_and(|m| !(-1.0..=1.0).contains(&m)) {
+            problems.push(ConfigProblem::new("min_similarity", "a cosine similarity, between -1 and 1"));
         }
         problems.extend(ConfigProblem::size("capacity", self.capacity, 1..=1_000_000));
         problems.extend(ConfigProblem::size("top_k", self.top_k, 1..=100));

@@ -172,8 +172,10 @@ pub struct SkillMemory {
     pub bank: Mutex<SkillBank>,
     /// The embedder, cached by text.
     pub embedder: CachedEmbedder,
-    /// Skills per question in the solver's prompt.
+    /// Skills per question in the solver's prompt, at most.
     pub top_k: usize,
+    /// The cosine to the question a skill needs to be shown (none: the top-k always are).
+    pub min_similarity: Option<f32>,
     /// Failures waiting for consolidation.
     pub queue: Mutex<FailureQueue>,
 }
@@ -260,6 +262,7 @@ impl LoopResources {
                 bank: Mutex::new(SkillBank::new(section.bank_config())),
                 embedder: section.open_embedder().await?,
                 top_k: section.top_k,
+                min_similarity: section.min_similarity,
                 queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
             })),
             None => None,

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use crate::agent::{Role, TurnAction, parse_turn};
 use crate::data::metrics::exact_match;
 use crate::memory::FailureRecord;
 use crate::sections::deserialize_tagged;
@@ -253,16 +254,30 @@ impl FailureQueue {
     }
 }
 
-/// The verifier's answer in its reply: the rest of the line after the first `Answer:`
-/// (any case, ASCII or full-width colon), else the whole reply (SSP §2.6).
+/// Words a reply may have and still be taken as a bare answer.
+const BARE_ANSWER_WORDS: usize = 6;
+
+/// The answer the verifier states in its reply: the rest of the line after its last `Answer:`
+/// (any case, ASCII or full-width colon), else the text of its last `<answer>` tag (the
+/// solver's format, which a policy warm-started on solver demonstrations writes), else the
+/// reply itself when it is a bare answer (one line of at most six words), else none (empty).
+/// SSP reads the whole reply when no `Answer:` is found; here that let `answer_match: contains`
+/// accept reasoning that named the target on the way to another answer.
 pub fn verifier_answer(reply: &str) -> String {
-    let lower = reply.to_lowercase();
-    if let Some(at) = lower.find("answer") {
-        let rest = &reply[at + "answer".len()..];
-        let rest = rest.strip_prefix(':').or_else(|| rest.strip_prefix('：')).unwrap_or(rest);
-        return rest.trim_start().lines().next().unwrap_or_default().trim().to_string();
+    // ASCII lowering keeps every byte offset of `reply`.
+    let lower = reply.to_ascii_lowercase();
+    let stated = ["answer:", "answer："].iter().filter_map(|marker| lower.rfind(marker).map(|at| at + marker.len())).max();
+    if let Some(end) = stated {
+        return reply[end..].trim_start().lines().next().unwrap_or_default().trim().to_string();
     }
-    reply.trim().to_string()
+    if let TurnAction::Final(answer) = parse_turn(Role::Solver, reply) {
+        return answer;
+    }
+    let bare = reply.trim();
+    if !bare.contains('\n') && bare.split_whitespace().count() <= BARE_ANSWER_WORDS {
+        return bare.to_string();
+    }
+    String::new()
 }
 
 /// Whether a judge's reply says "correct". Unlike SSP's substring test, "incorrect" and "not

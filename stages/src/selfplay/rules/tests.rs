@@ -100,6 +100,13 @@ fn verifier_and_judge_replies_are_read_like_ssp_minus_its_traps() {
     assert_eq!(verifier_answer("The materials say so. Answer: Orla\nmore"), "Orla");
     assert_eq!(verifier_answer("answer：Orla"), "Orla");
     assert_eq!(verifier_answer("Orla"), "Orla");
+    // The last stated answer, not the first mention of the word.
+    assert_eq!(verifier_answer("The answer is in the materials. ANSWER: Orla"), "Orla");
+    // The solver's format, which a policy warm-started on solver demonstrations writes.
+    assert_eq!(verifier_answer("The founder of Vexa is Orla. <answer>Brill</answer>"), "Brill");
+    // Reasoning that names an entity on the way states no answer: there is none to accept.
+    assert_eq!(verifier_answer("The founder of Vexa is Orla. Next, Orla was born in"), "");
+    assert_eq!(verifier_answer("Ünïcode answer: Ørla"), "Ørla");
     assert!(judge_says_correct("Correct"));
     assert!(!judge_says_correct("Incorrect"));
     assert!(!judge_says_correct("Wrong"));

@@ -131,14 +131,16 @@ impl Retrieval {
     }
 }
 
-/// The top-k skills of the bank for each question: one embedding batch, then exact top-k.
+/// The top-k skills of the bank for each question, less those under the memory's
+/// `min_similarity`: one embedding batch, then exact top-k.
 pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retrieval, StageError> {
     let vectors = memory.embedder.embed(questions).map_err(|e| failed("embedding questions", e))?;
     let bank = memory.bank.lock().expect("bank lock");
     let mut retrieval = Retrieval::none(questions.len());
     retrieval.version = bank.version();
     for (k, vector) in vectors.iter().enumerate() {
-        let top = bank.top_k(vector, memory.top_k);
+        let mut top = bank.top_k(vector, memory.top_k);
+        top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
         let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
         retrieval.blocks[k] = crate::memory::prompt_block(&skills);
         retrieval.skills[k] =
@@ -286,7 +288,46 @@ impl Stage for Solve {
 
 #[cfg(test)]
 mod tests {
-    use super::hint;
+    use std::sync::Mutex;
+
+    use super::{hint, retrieve};
+    use crate::memory::{CachedEmbedder, HashedWords, MemorySection, Skill, SkillBank, SkillMeta, SkillText};
+    use crate::selfplay::{FailureQueue, SkillMemory};
+
+    fn memory(min_similarity: Option<f32>) -> SkillMemory {
+        let embedder = CachedEmbedder::new(Box::new(HashedWords::new(256)));
+        let skill = Skill {
+            id: "s1-0".into(),
+            text: SkillText {
+                description: "For where a founder was born, search the founder of the company first".into(),
+                trigger: "where was the founder of a company born".into(),
+                avoid: vec![],
+                query_template: "founder of <company>".into(),
+            },
+            meta: SkillMeta::default(),
+        };
+        let bank = SkillBank::embedded(MemorySection::default_bank_config(), vec![skill], 1, &embedder).unwrap();
+        SkillMemory {
+            bank: Mutex::new(bank),
+            embedder,
+            top_k: 3,
+            min_similarity,
+            queue: Mutex::new(FailureQueue::new(10)),
+        }
+    }
+
+    #[test]
+    fn a_similarity_threshold_shows_no_skill_to_an_unrelated_question() {
+        let questions = ["Where was the founder of Vexa Labs born?", "Which river flows through Orlin?"];
+        let all = retrieve(&memory(None), &questions).unwrap();
+        assert!(all.skills.iter().all(|s| s.len() == 1), "without a threshold every question gets the top skill");
+        let (related, unrelated) = (all.skills[0][0].2, all.skills[1][0].2);
+        assert!(related > 0.3 && unrelated < 0.1, "cosines {related} and {unrelated}");
+        let some = retrieve(&memory(Some(0.3)), &questions).unwrap();
+        assert_eq!(some.skills[0].len(), 1);
+        assert!(some.skills[1].is_empty() && some.blocks[1].is_empty(), "the unrelated question is shown none");
+        assert!(!some.blocks[0].is_empty());
+    }
 
     #[test]
     fn a_hint_names_the_path_without_the_answer() {
