@@ -629,6 +629,29 @@ async fn evaluation_runs_with_memory_on_and_off() {
     }
 }
 
+/// Two evaluations of one generated benchmark start together (memory on and off do): one
+/// generates the world and builds its index, the other waits and uses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_evaluations_of_one_generated_world_start_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = format!(
+        "{{world: {{world: {{dir: {}, seed: 4, entities: 60, questions: 4}}}}}}",
+        dir.path().join("bench").display()
+    );
+    let spec = format!(
+        "name: twice\nseed: 1\nsteps: 1\nstages:\n  eval_a: {{kind: evaluate, benchmarks: {bench}}}\n  eval_b: {{kind: evaluate, benchmarks: {bench}}}\n"
+    );
+    std::fs::write(dir.path().join("spec.yaml"), spec).unwrap();
+    let pipeline = load_pipeline(&dir.path().join("spec.yaml"), &[], &sesa_stages::registry()).unwrap();
+    let resources = resources_with(world(), Arc::default(), None, false);
+    let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
+    let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
+    let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
+    assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
+    let evals = read_table(&root, run.id(), "evals").await.unwrap();
+    assert_eq!(evals.iter().map(|(_, b)| b.num_rows()).sum::<usize>(), 8, "four questions, twice");
+}
+
 /// With a judge, evaluation reports the paper's accuracy: exact match first, then the judge's
 /// verdict on the answers that missed; exact match stays its own metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -674,6 +697,35 @@ async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
     assert_eq!(value("world/accuracy"), verdicts as f64 / 6.0);
     assert_eq!(value("average/accuracy"), value("world/accuracy"));
     assert_eq!(value("world/em"), 0.0);
+}
+
+/// `distiller: rules` distils with no model call: skills whose trigger is the question with its
+/// code word masked, whose query is the successful rollout's search, and which hold no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_distillation_admits_masked_skills_without_a_model() {
+    let (lp, tables) = run_loop(&[("batch: 2}\n", "batch: 2, distiller: rules}\n")]).await;
+    assert!(!lp.contexts.lock().unwrap().iter().any(|c| c.contains("general strategies")), "a judge was called");
+    // (A consolidation that changed nothing writes no snapshot: an empty batch.)
+    let last = &tables["skills"].iter().rev().find(|(_, b)| b.num_rows() > 0).unwrap().1;
+    let distilled: Vec<(String, String)> = strings(last, "skill_id")
+        .into_iter()
+        .zip(strings(last, "trigger").into_iter().zip(strings(last, "query_template")))
+        .filter(|(id, _)| !id.starts_with("seed"))
+        .map(|(_, text)| text)
+        .collect();
+    let events: Vec<(String, String)> = tables["skill_events"]
+        .iter()
+        .flat_map(|(_, b)| strings(b, "event").into_iter().zip(strings(b, "reason")))
+        .filter(|(event, _)| event != "retrieved")
+        .collect();
+    assert!(!distilled.is_empty(), "no induced skill was admitted: {events:?}");
+    for (trigger, template) in &distilled {
+        assert_eq!(trigger, "Which entity hides behind the word <entity> here?");
+        assert_eq!(template, "Which entity hides behind the word <entity> here?");
+    }
+    let failures = &tables["failures"];
+    assert!(failures.iter().all(|(_, b)| b.column_by_name("solved_searches").is_some()));
+    assert!(!events.iter().any(|(_, reason)| reason.contains("judge")), "{events:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

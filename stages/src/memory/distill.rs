@@ -26,6 +26,11 @@ pub struct FailureRecord {
     pub skill_ids: Vec<String>,
     /// The searches it made and how it ended, in a few lines.
     pub digest: String,
+    /// The searches it made, in order.
+    pub searches: Vec<String>,
+    /// The searches of a rollout of the same question that succeeded (the one with the fewest),
+    /// empty when none did: the contrast a rule-based distiller learns from.
+    pub solved_searches: Vec<String>,
 }
 
 /// The judge's whole output; only its schema is used (candidates are parsed one by one).

@@ -1,6 +1,6 @@
 //! The skill memory: skills as data ([`Skill`], [`SkillFile`]), sentence embeddings
 //! ([`MiniLm`] behind a [`CachedEmbedder`]), the [`SkillBank`] with its rules, the bank as
-//! tables, and failure distillation by a judge ([`Distiller`]).
+//! tables, and failure distillation by a judge ([`Distiller`]) or by rules ([`induce_batch`]).
 //!
 //! Only the solver reaches the bank: the solver's prompt kind is the only one with a `{skills}`
 //! placeholder, and the proposer's stage is given no handle to the memory.
@@ -9,6 +9,7 @@ mod bank;
 mod bert;
 mod distill;
 mod embed;
+mod induce;
 mod sanitize;
 mod section;
 mod skill;
@@ -17,6 +18,7 @@ mod tables;
 pub use self::bank::{BankConfig, QuestionUsage, SkillBank, SkillEvent, SkillEventKind, UsageRule};
 pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, parse_output, render_failures};
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
+pub use self::induce::{induce, induce_batch};
 pub use self::sanitize::{clean, limits};
 pub use self::section::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig};
 pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText, prompt_block};

@@ -257,6 +257,8 @@ async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {
             predicted: Some("First for Women".into()),
             skill_ids: vec![],
             digest: "searched \"Arthur's Magazine First for Women started\"; answered from one passage about First for Women".into(),
+            searches: vec!["Arthur's Magazine First for Women started".into()],
+            solved_searches: vec![],
         },
         FailureRecord {
             id: "f1-1-0".into(),
@@ -265,6 +267,8 @@ async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {
             predicted: Some("Big Stone Gap".into()),
             skill_ids: vec!["seed-02".into()],
             digest: "searched \"Big Stone Gap\"; answered with the film's title instead of the director's city".into(),
+            searches: vec!["Big Stone Gap".into()],
+            solved_searches: vec![],
         },
     ];
     let template = crate::agent::PromptTemplate::load_kind(

@@ -416,6 +416,8 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
     let predicted = reader.opt_str("predicted")?;
     let skills = reader.strs("skill_ids")?;
     let digests = reader.str("digest")?;
+    let searches = reader.strs("searches")?;
+    let solved = reader.strs("solved_searches")?;
     Ok((0..reader.rows())
         .map(|i| FailureRecord {
             id: ids[i].to_string(),
@@ -424,6 +426,8 @@ pub fn failure_records(batch: &arrow_array::RecordBatch) -> Result<Vec<FailureRe
             predicted: predicted[i].map(str::to_string),
             skill_ids: skills[i].clone(),
             digest: digests[i].to_string(),
+            searches: searches[i].clone(),
+            solved_searches: solved[i].clone(),
         })
         .collect())
 }

@@ -266,7 +266,8 @@ const BARE_ANSWER_WORDS: usize = 6;
 pub fn verifier_answer(reply: &str) -> String {
     // ASCII lowering keeps every byte offset of `reply`.
     let lower = reply.to_ascii_lowercase();
-    let stated = ["answer:", "answer："].iter().filter_map(|marker| lower.rfind(marker).map(|at| at + marker.len())).max();
+    let stated =
+        ["answer:", "answer："].iter().filter_map(|marker| lower.rfind(marker).map(|at| at + marker.len())).max();
     if let Some(end) = stated {
         return reply[end..].trim_start().lines().next().unwrap_or_default().trim().to_string();
     }

@@ -8,6 +8,8 @@ fn failure(id: &str) -> FailureRecord {
         predicted: None,
         skill_ids: Vec::new(),
         digest: String::new(),
+        searches: Vec::new(),
+        solved_searches: Vec::new(),
     }
 }
 

@@ -57,6 +57,8 @@ fn failures_batch(rows: &[(FailureRecord, f64)]) -> Result<RecordBatch, ArrowErr
         .opt_str("predicted", rows.iter().map(|(f, _)| f.predicted.as_deref()))
         .strs("skill_ids", rows.iter().map(|(f, _)| f.skill_ids.iter().map(String::as_str)))
         .str("digest", rows.iter().map(|(f, _)| f.digest.as_str()))
+        .strs("searches", rows.iter().map(|(f, _)| f.searches.iter().map(String::as_str)))
+        .strs("solved_searches", rows.iter().map(|(f, _)| f.solved_searches.iter().map(String::as_str)))
         .f64("p_hat", rows.iter().map(|(_, p)| *p))
         .finish()
 }
@@ -101,6 +103,17 @@ impl Stage for Collect {
         let skill_ids = rollouts.strs("skill_ids")?;
         let searches = rollouts.strs("searches")?;
         let outcomes = rollouts.str("outcome")?;
+        // Per question, the successful rollout with the fewest searches: the contrast a
+        // rule-based distiller learns from.
+        let mut solved: std::collections::BTreeMap<u64, &[String]> = std::collections::BTreeMap::new();
+        for (i, &r) in solver.iter().enumerate() {
+            if reward_values[r] > 0.0 {
+                let best = solved.entry(items[i]).or_insert(&searches[i]);
+                if searches[i].len() < best.len() {
+                    *best = &searches[i];
+                }
+            }
+        }
         let mut rows = Vec::new();
         for (i, &r) in solver.iter().enumerate() {
             let p = p_hats[r];
@@ -115,6 +128,8 @@ impl Stage for Collect {
                 predicted: answers[i].map(str::to_string),
                 skill_ids: skill_ids[i].clone(),
                 digest: digest(&searches[i], outcomes[i], answers[i]),
+                searches: searches[i].clone(),
+                solved_searches: solved.get(&items[i]).map_or_else(Vec::new, |s| s.to_vec()),
             };
             rows.push((record, p));
         }

@@ -1,6 +1,7 @@
-//! `consolidate`: when the pending queue holds enough failures, a judge distils them into
-//! candidate skills, which are deduplicated against the bank and admitted; harmful skills are
-//! evicted; the bank gets a new version.
+//! `consolidate`: when the pending queue holds enough failures, a judge (or, with
+//! `distiller: rules`, rule-based induction) distils them into candidate skills, which are
+//! deduplicated against the bank and admitted; harmful skills are evicted; the bank gets a new
+//! version.
 
 use std::time::Instant;
 
@@ -12,7 +13,9 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
 use crate::columns::{Columns, schema_of};
-use crate::memory::{Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, skills_batch};
+use crate::memory::{
+    Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, induce_batch, skills_batch,
+};
 use crate::policy::Sampling;
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
@@ -33,6 +36,22 @@ pub struct ConsolidateConfig {
     /// Tokens per judge call at most.
     #[serde(default = "tokens")]
     pub max_tokens: usize,
+    /// Who distils: `judge` (the paper's way: the judge model, else the policy, with the
+    /// `distill` prompt) or `rules` (no model: each question's failures contrasted with a
+    /// successful rollout of it, see `memory::induce`).
+    #[serde(default)]
+    pub distiller: DistillerKind,
+}
+
+/// Who turns failures into skills.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillerKind {
+    /// A model with the `distill` prompt.
+    #[default]
+    Judge,
+    /// Rule-based induction, no model.
+    Rules,
 }
 
 fn twenty() -> usize {
@@ -81,7 +100,7 @@ fn consolidations_batch(rows: &[Consolidation]) -> Result<RecordBatch, ArrowErro
 impl Stage for Consolidate {
     const KIND: &'static str = "consolidate";
     const ABOUT: &'static str =
-        "distil queued failures into skills with a judge, deduplicate, evict; a new bank version";
+        "distil queued failures into skills (a judge, or rules), deduplicate, evict; a new bank version";
     type Config = ConsolidateConfig;
 
     fn new(config: ConsolidateConfig) -> Result<Self, Vec<ConfigProblem>> {
@@ -119,18 +138,22 @@ impl Stage for Consolidate {
         let mut version = memory.bank.lock().expect("bank lock").version();
         let mut generation_ms = 0.0;
         if queued.len() >= self.config.min_failures && !queued.is_empty() {
-            let template = Templates::require(&selfplay.templates.distill, "distill")?;
-            let distiller = Distiller {
-                policy: selfplay.judge_or_policy(),
-                template,
-                max_skills: self.config.max_skills,
-                max_tokens: self.config.max_tokens,
-                sampling: Sampling::GREEDY,
-            };
             let batches: Vec<&[FailureRecord]> = queued.chunks(self.config.batch).collect();
-            let seeds: Vec<u64> = (0..batches.len() as u64).map(|b| cx.seed(b)).collect();
             let generation = Instant::now();
-            let distilled = distiller.distill(&batches, &seeds).await.map_err(|e| failed("distillation", e))?;
+            let distilled = match self.config.distiller {
+                DistillerKind::Judge => {
+                    let distiller = Distiller {
+                        policy: selfplay.judge_or_policy(),
+                        template: Templates::require(&selfplay.templates.distill, "distill")?,
+                        max_skills: self.config.max_skills,
+                        max_tokens: self.config.max_tokens,
+                        sampling: Sampling::GREEDY,
+                    };
+                    let seeds: Vec<u64> = (0..batches.len() as u64).map(|b| cx.seed(b)).collect();
+                    distiller.distill(&batches, &seeds).await.map_err(|e| failed("distillation", e))?
+                }
+                DistillerKind::Rules => batches.iter().map(|b| induce_batch(b, self.config.max_skills)).collect(),
+            };
             generation_ms = elapsed_ms(generation);
             let mut record = Consolidation {
                 failure_ids: queued.iter().map(|f| f.id.clone()).collect(),
@@ -150,7 +173,10 @@ impl Stage for Consolidate {
                         SkillEventKind::Rejected,
                         format!("s{}-{n}", cx.step()),
                         String::new(),
-                        format!("malformed judge output: {reason}"),
+                        match self.config.distiller {
+                            DistillerKind::Judge => format!("malformed judge output: {reason}"),
+                            DistillerKind::Rules => format!("no skill induced: {reason}"),
+                        },
                     ));
                     n += 1;
                 }

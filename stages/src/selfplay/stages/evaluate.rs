@@ -326,6 +326,10 @@ impl Stage for Evaluate {
         // Where the episodes' wall time went, over every benchmark.
         let (mut generation, mut search_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         let benchmarks = self.benchmarks.get(|| {
+            // Two evaluations of one benchmark (memory on and off) start together: one of them
+            // generates its world and builds its index while the other waits, then finds both.
+            static PREPARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let _preparing = PREPARING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             self.config
                 .benchmarks
                 .iter()

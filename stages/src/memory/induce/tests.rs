@@ -1,0 +1,158 @@
+use super::*;
+use crate::data::world::{World, WorldConfig};
+
+fn record(
+    id: &str,
+    question: &str,
+    target: &str,
+    predicted: Option<&str>,
+    searches: &[&str],
+    solved: &[&str],
+) -> FailureRecord {
+    FailureRecord {
+        id: id.into(),
+        question: question.into(),
+        target: target.into(),
+        predicted: predicted.map(str::to_string),
+        skill_ids: vec![],
+        digest: String::new(),
+        searches: searches.iter().map(|s| s.to_string()).collect(),
+        solved_searches: solved.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+const CHAIN: &[&str] = &["Vexa Labs founder", "Orin Kassel birthplace", "Tanmore country"];
+
+#[test]
+fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped() {
+    let question = "In which country is the city where the founder of Vexa Labs was born?";
+    let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
+    let wrong = record("f1-0-1", question, "Quorvia", None, &["Vexa Labs founder", "Orin Kassel employer"], CHAIN);
+    let skill = induce(&[&early, &wrong]).expect("a skill");
+    assert_eq!(skill.trigger, "In which country is the city where the founder of <entity> was born?");
+    assert_eq!(skill.query_template, "<entity> founder → <result 1> birthplace → <result 2> country");
+    assert_eq!(
+        skill.description,
+        "Search one hop at a time, 3 searches: \"<entity> founder\", then \"<result 1> birthplace\", then \
+         \"<result 2> country\"; answer with what the last one finds."
+    );
+    assert_eq!(
+        skill.avoid,
+        vec![
+            "Stopping after 1 search: this question needs 3.".to_string(),
+            "Stopping after 2 searches: this question needs 3.".to_string(),
+            "Answering with <result 1>, an intermediate entity, instead of searching on from it.".to_string(),
+        ]
+    );
+    let only_wrong = induce(&[&wrong]).unwrap();
+    assert!(
+        only_wrong
+            .avoid
+            .contains(&"Searching \"<result 1> employer\" where \"<result 1> birthplace\" was needed.".into()),
+        "{:?}",
+        only_wrong.avoid
+    );
+    assert!(only_wrong.avoid.contains(&"Ending without an answer: answer with what the last search found.".into()));
+}
+
+#[test]
+fn quoted_titles_and_joined_names_are_masked_whole() {
+    let question = "Which came to market first, \"Hey Pa! There's a Goat on the Roof\" or \"Poleconomy\"";
+    let group = record(
+        "f2-1-0",
+        question,
+        "Hey Pa! There's a Goat on the Roof",
+        Some("Poleconomy"),
+        &["Poleconomy release"],
+        &["Hey Pa! There's a Goat on the Roof release year", "Poleconomy release year"],
+    );
+    let skill = induce(&[&group]).expect("a skill");
+    assert_eq!(skill.trigger, "Which came to market first, <entity 1> or <entity 2>");
+    assert_eq!(skill.query_template, "<entity 1> release year → <entity 2> release year");
+    assert_eq!(
+        skill.avoid,
+        vec![
+            "Stopping after 1 search: this question needs 2.".to_string(),
+            "Searching \"<entity 2> release\" where \"<entity 1> release year\" was needed.".to_string()
+        ],
+        "a comparison's answer is one of its entities: answering with one is no pitfall"
+    );
+    let bank = "Which magazine was started first, Arthur's Magazine or First for Women?";
+    let group = record("f2-2-0", bank, "Arthur's Magazine", None, &[], &["Arthur's Magazine", "First for Women"]);
+    let skill = induce(&[&group]).expect("a skill");
+    assert_eq!(skill.trigger, "Which magazine was started first, <entity 1> or <entity 2>?");
+    assert_eq!(skill.query_template, "<entity 1> → <entity 2>");
+}
+
+#[test]
+fn no_success_to_contrast_gives_no_skill_and_a_batch_says_why() {
+    let question = "Who founded Vexa Labs?";
+    let lone = record("f3-0-0", question, "Orin Kassel", None, &["Vexa Labs"], &[]);
+    assert_eq!(induce(&[&lone]), None);
+    let other = record("f3-1-0", "Who wrote Tanmore Tales?", "Ada Vel", None, &[], &["Tanmore Tales author"]);
+    let out = induce_batch(&[lone, other.clone(), other], 5);
+    assert_eq!(out.candidates.len(), 1, "one skill per question");
+    assert_eq!(out.candidates[0].trigger, "Who wrote <entity>?");
+    assert_eq!(out.malformed, vec!["\"f3-0-0\": no successful rollout with a search to learn from".to_string()]);
+    assert_eq!(induce_batch(&[record("a", "Who wrote X?", "Y", None, &[], &["X author"])], 0).candidates, vec![]);
+}
+
+/// The property the memory relies on: whatever the question, a skill never shows its answer,
+/// an entity on its chain or what the failures answered.
+fn assert_no_leak(skill: &SkillText, names: &[String], question: &str) {
+    let rendered = skill.render();
+    for name in names {
+        assert!(!contains_answer(&rendered, name), "{name:?} of {question:?} in {rendered:?}");
+    }
+}
+
+#[test]
+fn skills_of_world_questions_hold_no_entity_and_no_answer() {
+    let world = World::generate(WorldConfig { seed: 5, entities: 400, questions: 300 });
+    let mut made = 0;
+    for q in world.questions() {
+        let solved: Vec<String> =
+            q.supporting_titles.iter().zip(&q.supporting_relations).map(|(t, r)| format!("{t} {r}")).collect();
+        let solved: Vec<&str> = solved.iter().map(String::as_str).collect();
+        let said = q.supporting_titles.get(1).map(String::as_str);
+        let failure = record("f", &q.question, &q.golden_answers[0], said, &solved[..1], &solved);
+        let skill = induce(&[&failure]).unwrap_or_else(|| panic!("no skill for {:?}", q.question));
+        let mut names = q.supporting_titles.clone();
+        names.extend(q.golden_answers.iter().cloned());
+        assert_no_leak(&skill, &names, &q.question);
+        assert!(skill.trigger.contains("<entity>"), "{:?}", skill.trigger);
+        let capitalised = |w: &str| w.chars().any(char::is_uppercase);
+        assert!(!skill.query_template.split_whitespace().any(capitalised), "{:?}", skill.query_template);
+        assert_eq!(skill.query_template.matches('→').count(), q.hops as usize - 1, "{:?}", skill.query_template);
+        made += 1;
+    }
+    assert_eq!(made, 300);
+}
+
+#[test]
+fn skills_of_hotpotqa_questions_hold_no_entity_and_no_answer() {
+    let Some(pack) = crate::testing::shared_data("hotpotqa") else { return };
+    let text = std::fs::read_to_string(pack.join("questions.jsonl")).unwrap();
+    let (mut made, mut refused) = (0, 0);
+    for line in text.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let question = row["question"].as_str().unwrap();
+        let answers: Vec<String> =
+            row["golden_answers"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
+        let titles: Vec<String> =
+            row["supporting_titles"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().into()).collect();
+        // A solver that searched each supporting title; a failure that stopped after the first
+        // and answered with it.
+        let solved: Vec<&str> = titles.iter().map(String::as_str).collect();
+        let failure = record("f", question, &answers[0], Some(&titles[0]), &solved[..1], &solved);
+        let Some(skill) = induce(&[&failure]) else {
+            refused += 1;
+            continue;
+        };
+        let mut names: Vec<String> = titles.into_iter().filter(|t| t.chars().any(char::is_uppercase)).collect();
+        names.extend(answers.into_iter().filter(|a| !["yes", "no"].contains(&a.as_str())));
+        assert_no_leak(&skill, &names, question);
+        made += 1;
+    }
+    assert!(made > 900 && refused < 100, "{made} skills made, {refused} refused as leaks");
+}
