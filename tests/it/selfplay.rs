@@ -700,7 +700,8 @@ async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
 }
 
 /// `distiller: rules` distils with no model call: skills whose trigger is the question with its
-/// code word masked, whose query is the successful rollout's search, and which hold no answer.
+/// code word masked, whose query is the successful rollout's search, and which hold no answer;
+/// `distiller: episodic` keeps the successful rollouts as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule_distillation_admits_masked_skills_without_a_model() {
     let (lp, tables) = run_loop(&[("batch: 2}\n", "batch: 2, distiller: rules}\n")]).await;
@@ -726,6 +727,18 @@ async fn rule_distillation_admits_masked_skills_without_a_model() {
     let failures = &tables["failures"];
     assert!(failures.iter().all(|(_, b)| b.column_by_name("solved_searches").is_some()));
     assert!(!events.iter().any(|(_, reason)| reason.contains("judge")), "{events:?}");
+
+    // `episodic` keeps the successful rollout as it was: the question is its trigger.
+    let (_, tables) = run_loop(&[("batch: 2}\n", "batch: 2, distiller: episodic}\n")]).await;
+    let last = &tables["skills"].iter().rev().find(|(_, b)| b.num_rows() > 0).unwrap().1;
+    let exemplars: Vec<String> = strings(last, "skill_id")
+        .into_iter()
+        .zip(strings(last, "trigger"))
+        .filter(|(id, _)| !id.starts_with("seed"))
+        .map(|(_, trigger)| trigger)
+        .collect();
+    assert!(!exemplars.is_empty());
+    assert!(exemplars.iter().all(|t| t.starts_with("Which entity hides behind the word CODE-")), "{exemplars:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

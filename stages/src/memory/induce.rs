@@ -8,6 +8,9 @@
 //! - avoid: where the failures went wrong, against that success (stopped early, answered with
 //!   an intermediate entity, searched a relation the success did not, no answer, a repeat).
 //!
+//! With [`Induction::Episodic`] the successful rollout is kept as it was instead (its question
+//! and searches): raw episodic memory, the baseline LLM-rewritten memory is measured against.
+//!
 //! Names are found without a tagger: runs of capitalised or numeric words (joined by "of",
 //! "the", "and", … between two of them) and quoted phrases, as questions in English write
 //! them. A skill that would still show the question's answer or one of its entities is not
@@ -340,20 +343,46 @@ fn pitfalls(
     ranked.into_iter().take(limits::AVOID_ITEMS).map(|(text, _)| text).collect()
 }
 
+/// How a question's group becomes a skill without a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Induction {
+    /// The pattern, the masked chain and the pitfalls ([`induce`]'s rules).
+    Rules,
+    /// The successful rollout itself, unabstracted: the question as its trigger and its
+    /// searches as written (episodic memory, a baseline the paper does not have).
+    Episodic,
+}
+
 /// The skill one question's failures teach, against a successful rollout's searches (every
 /// record of a group carries the same `solved_searches`). `None` when no rollout of the question
-/// succeeded with a search, or when the skill would still name an entity or answer.
-pub fn induce(failures: &[&FailureRecord]) -> Option<SkillText> {
+/// succeeded with a search, or when the skill would still name the target (or, by rules, an
+/// entity of the question).
+pub fn induce(failures: &[&FailureRecord], how: Induction) -> Option<SkillText> {
     let first = failures.first()?;
     let solved_raw = &first.solved_searches;
     if solved_raw.is_empty() {
         return None;
     }
-    let searched: Vec<String> = failures.iter().flat_map(|f| f.searches.iter()).chain(solved_raw).cloned().collect();
-    let pattern = pattern(&first.question, &searched);
+    let (skill, entities) = match how {
+        Induction::Rules => {
+            let searched: Vec<String> =
+                failures.iter().flat_map(|f| f.searches.iter()).chain(solved_raw).cloned().collect();
+            let pattern = pattern(&first.question, &searched);
+            (by_rules(failures, &pattern), pattern.entity_texts)
+        }
+        Induction::Episodic => (exemplar(&first.question, solved_raw), Vec::new()),
+    };
+    let skill = skill.sanitized()?;
+    let rendered = skill.render();
+    let leaks = failures.iter().map(|f| f.target.as_str()).chain(entities.iter().map(String::as_str));
+    let leaked = leaks.into_iter().any(|name| contains_answer(&rendered, name));
+    (!leaked).then_some(skill)
+}
+
+fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
     let answers = answer_words(failures);
     let mut solved: Vec<String> =
-        solved_raw.iter().enumerate().map(|(i, q)| mask_query(q, &pattern, &answers, i)).collect();
+        failures[0].solved_searches.iter().enumerate().map(|(i, q)| mask_query(q, pattern, &answers, i)).collect();
     solved.dedup();
     let n = solved.len();
     let steps = solved.iter().map(|q| format!("\"{q}\"")).collect::<Vec<_>>().join(", then ");
@@ -362,22 +391,32 @@ pub fn induce(failures: &[&FailureRecord]) -> Option<SkillText> {
     } else {
         format!("Search one hop at a time, {}: {steps}; answer with what the last one finds.", plural(n, "search"))
     };
-    let skill = SkillText {
+    SkillText {
         description: clean(&description, limits::DESCRIPTION),
         trigger: clean(&pattern.masked, limits::TRIGGER),
-        avoid: pitfalls(failures, &pattern, &answers, &solved),
+        avoid: pitfalls(failures, pattern, &answers, &solved),
         query_template: clean(&solved.join(" → "), limits::QUERY_TEMPLATE),
     }
-    .sanitized()?;
-    let rendered = skill.render();
-    let leaks = failures.iter().map(|f| f.target.as_str()).chain(pattern.entity_texts.iter().map(String::as_str));
-    let leaked = leaks.into_iter().any(|name| contains_answer(&rendered, name));
-    (!leaked).then_some(skill)
+}
+
+fn exemplar(question: &str, searches: &[String]) -> SkillText {
+    let steps = searches.iter().map(|q| format!("\"{q}\"")).collect::<Vec<_>>().join(", then ");
+    SkillText {
+        description: clean(
+            &format!(
+                "A similar question was solved by searching {steps}, then answering with what the last search found."
+            ),
+            limits::DESCRIPTION,
+        ),
+        trigger: clean(question, limits::TRIGGER),
+        avoid: Vec::new(),
+        query_template: clean(&searches.join(" → "), limits::QUERY_TEMPLATE),
+    }
 }
 
 /// Skills from a batch of failure records: one per question (in first-seen order), at most
 /// `max_skills`; a question no skill could be made for is reported in `malformed`.
-pub fn induce_batch(batch: &[FailureRecord], max_skills: usize) -> Distilled {
+pub fn induce_batch(batch: &[FailureRecord], max_skills: usize, how: Induction) -> Distilled {
     let mut questions: Vec<&str> = Vec::new();
     for record in batch {
         if !questions.contains(&record.question.as_str()) {
@@ -390,12 +429,12 @@ pub fn induce_batch(batch: &[FailureRecord], max_skills: usize) -> Distilled {
             break;
         }
         let group: Vec<&FailureRecord> = batch.iter().filter(|r| r.question == question).collect();
-        match induce(&group) {
+        match induce(&group, how) {
             Some(skill) => out.candidates.push(skill),
             None if group[0].solved_searches.is_empty() => {
                 out.malformed.push(format!("{:?}: no successful rollout with a search to learn from", group[0].id))
             }
-            None => out.malformed.push(format!("{:?}: the skill would name an entity or answer", group[0].id)),
+            None => out.malformed.push(format!("{:?}: the skill would name the answer or an entity", group[0].id)),
         }
     }
     out

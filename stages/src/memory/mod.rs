@@ -18,7 +18,7 @@ mod tables;
 pub use self::bank::{BankConfig, QuestionUsage, SkillBank, SkillEvent, SkillEventKind, UsageRule};
 pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, parse_output, render_failures};
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
-pub use self::induce::{induce, induce_batch};
+pub use self::induce::{Induction, induce, induce_batch};
 pub use self::sanitize::{clean, limits};
 pub use self::section::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig};
 pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText, prompt_block};

@@ -28,7 +28,7 @@ fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped(
     let question = "In which country is the city where the founder of Vexa Labs was born?";
     let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
     let wrong = record("f1-0-1", question, "Quorvia", None, &["Vexa Labs founder", "Orin Kassel employer"], CHAIN);
-    let skill = induce(&[&early, &wrong]).expect("a skill");
+    let skill = induce(&[&early, &wrong], Induction::Rules).expect("a skill");
     assert_eq!(skill.trigger, "In which country is the city where the founder of <entity> was born?");
     assert_eq!(skill.query_template, "<entity> founder → <result 1> birthplace → <result 2> country");
     assert_eq!(
@@ -44,7 +44,7 @@ fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped(
             "Answering with <result 1>, an intermediate entity, instead of searching on from it.".to_string(),
         ]
     );
-    let only_wrong = induce(&[&wrong]).unwrap();
+    let only_wrong = induce(&[&wrong], Induction::Rules).unwrap();
     assert!(
         only_wrong
             .avoid
@@ -66,7 +66,7 @@ fn quoted_titles_and_joined_names_are_masked_whole() {
         &["Poleconomy release"],
         &["Hey Pa! There's a Goat on the Roof release year", "Poleconomy release year"],
     );
-    let skill = induce(&[&group]).expect("a skill");
+    let skill = induce(&[&group], Induction::Rules).expect("a skill");
     assert_eq!(skill.trigger, "Which came to market first, <entity 1> or <entity 2>");
     assert_eq!(skill.query_template, "<entity 1> release year → <entity 2> release year");
     assert_eq!(
@@ -79,7 +79,7 @@ fn quoted_titles_and_joined_names_are_masked_whole() {
     );
     let bank = "Which magazine was started first, Arthur's Magazine or First for Women?";
     let group = record("f2-2-0", bank, "Arthur's Magazine", None, &[], &["Arthur's Magazine", "First for Women"]);
-    let skill = induce(&[&group]).expect("a skill");
+    let skill = induce(&[&group], Induction::Rules).expect("a skill");
     assert_eq!(skill.trigger, "Which magazine was started first, <entity 1> or <entity 2>?");
     assert_eq!(skill.query_template, "<entity 1> → <entity 2>");
 }
@@ -88,13 +88,29 @@ fn quoted_titles_and_joined_names_are_masked_whole() {
 fn no_success_to_contrast_gives_no_skill_and_a_batch_says_why() {
     let question = "Who founded Vexa Labs?";
     let lone = record("f3-0-0", question, "Orin Kassel", None, &["Vexa Labs"], &[]);
-    assert_eq!(induce(&[&lone]), None);
+    assert_eq!(induce(&[&lone], Induction::Rules), None);
     let other = record("f3-1-0", "Who wrote Tanmore Tales?", "Ada Vel", None, &[], &["Tanmore Tales author"]);
-    let out = induce_batch(&[lone, other.clone(), other], 5);
+    let out = induce_batch(&[lone, other.clone(), other], 5, Induction::Rules);
     assert_eq!(out.candidates.len(), 1, "one skill per question");
     assert_eq!(out.candidates[0].trigger, "Who wrote <entity>?");
     assert_eq!(out.malformed, vec!["\"f3-0-0\": no successful rollout with a search to learn from".to_string()]);
-    assert_eq!(induce_batch(&[record("a", "Who wrote X?", "Y", None, &[], &["X author"])], 0).candidates, vec![]);
+    assert_eq!(
+        induce_batch(&[record("a", "Who wrote X?", "Y", None, &[], &["X author"])], 0, Induction::Rules).candidates,
+        vec![]
+    );
+}
+
+#[test]
+fn an_episodic_skill_is_the_successful_rollout_as_it_was_without_the_answer() {
+    let question = "In which country is the city where the founder of Vexa Labs was born?";
+    let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
+    let skill = induce(&[&early], Induction::Episodic).expect("an exemplar");
+    assert_eq!(skill.trigger, question);
+    assert_eq!(skill.query_template, "Vexa Labs founder → Orin Kassel birthplace → Tanmore country");
+    assert!(skill.description.starts_with("A similar question was solved by searching \"Vexa Labs founder\", then"));
+    assert!(skill.avoid.is_empty());
+    let checked = record("f1-0-1", question, "Quorvia", None, &[], &["Vexa Labs founder", "Quorvia capital"]);
+    assert_eq!(induce(&[&checked], Induction::Episodic), None, "a search that names the answer is not kept");
 }
 
 /// The property the memory relies on: whatever the question, a skill never shows its answer,
@@ -116,7 +132,7 @@ fn skills_of_world_questions_hold_no_entity_and_no_answer() {
         let solved: Vec<&str> = solved.iter().map(String::as_str).collect();
         let said = q.supporting_titles.get(1).map(String::as_str);
         let failure = record("f", &q.question, &q.golden_answers[0], said, &solved[..1], &solved);
-        let skill = induce(&[&failure]).unwrap_or_else(|| panic!("no skill for {:?}", q.question));
+        let skill = induce(&[&failure], Induction::Rules).unwrap_or_else(|| panic!("no skill for {:?}", q.question));
         let mut names = q.supporting_titles.clone();
         names.extend(q.golden_answers.iter().cloned());
         assert_no_leak(&skill, &names, &q.question);
@@ -145,7 +161,7 @@ fn skills_of_hotpotqa_questions_hold_no_entity_and_no_answer() {
         // and answered with it.
         let solved: Vec<&str> = titles.iter().map(String::as_str).collect();
         let failure = record("f", question, &answers[0], Some(&titles[0]), &solved[..1], &solved);
-        let Some(skill) = induce(&[&failure]) else {
+        let Some(skill) = induce(&[&failure], Induction::Rules) else {
             refused += 1;
             continue;
         };

@@ -14,7 +14,8 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
 use crate::columns::{Columns, schema_of};
 use crate::memory::{
-    Distiller, FailureRecord, SkillEvent, SkillEventKind, SkillMeta, events_batch, induce_batch, skills_batch,
+    Distiller, FailureRecord, Induction, SkillEvent, SkillEventKind, SkillMeta, events_batch, induce_batch,
+    skills_batch,
 };
 use crate::policy::Sampling;
 use crate::sections::MAX_TOKENS;
@@ -37,8 +38,9 @@ pub struct ConsolidateConfig {
     #[serde(default = "tokens")]
     pub max_tokens: usize,
     /// Who distils: `judge` (the paper's way: the judge model, else the policy, with the
-    /// `distill` prompt) or `rules` (no model: each question's failures contrasted with a
-    /// successful rollout of it, see `memory::induce`).
+    /// `distill` prompt), `rules` (no model: each question's failures contrasted with a
+    /// successful rollout of it, see `memory::induce`) or `episodic` (no model: the successful
+    /// rollout kept as it was, question and searches).
     #[serde(default)]
     pub distiller: DistillerKind,
 }
@@ -52,6 +54,19 @@ pub enum DistillerKind {
     Judge,
     /// Rule-based induction, no model.
     Rules,
+    /// Raw successful trajectories as exemplars, no model.
+    Episodic,
+}
+
+impl DistillerKind {
+    /// How skills are induced without a model; `None` for the judge.
+    fn induction(self) -> Option<Induction> {
+        match self {
+            DistillerKind::Judge => None,
+            DistillerKind::Rules => Some(Induction::Rules),
+            DistillerKind::Episodic => Some(Induction::Episodic),
+        }
+    }
 }
 
 fn twenty() -> usize {
@@ -140,8 +155,8 @@ impl Stage for Consolidate {
         if queued.len() >= self.config.min_failures && !queued.is_empty() {
             let batches: Vec<&[FailureRecord]> = queued.chunks(self.config.batch).collect();
             let generation = Instant::now();
-            let distilled = match self.config.distiller {
-                DistillerKind::Judge => {
+            let distilled = match self.config.distiller.induction() {
+                None => {
                     let distiller = Distiller {
                         policy: selfplay.judge_or_policy(),
                         template: Templates::require(&selfplay.templates.distill, "distill")?,
@@ -152,7 +167,7 @@ impl Stage for Consolidate {
                     let seeds: Vec<u64> = (0..batches.len() as u64).map(|b| cx.seed(b)).collect();
                     distiller.distill(&batches, &seeds).await.map_err(|e| failed("distillation", e))?
                 }
-                DistillerKind::Rules => batches.iter().map(|b| induce_batch(b, self.config.max_skills)).collect(),
+                Some(how) => batches.iter().map(|b| induce_batch(b, self.config.max_skills, how)).collect(),
             };
             generation_ms = elapsed_ms(generation);
             let mut record = Consolidation {
@@ -173,9 +188,9 @@ impl Stage for Consolidate {
                         SkillEventKind::Rejected,
                         format!("s{}-{n}", cx.step()),
                         String::new(),
-                        match self.config.distiller {
-                            DistillerKind::Judge => format!("malformed judge output: {reason}"),
-                            DistillerKind::Rules => format!("no skill induced: {reason}"),
+                        match self.config.distiller.induction() {
+                            None => format!("malformed judge output: {reason}"),
+                            Some(_) => format!("no skill induced: {reason}"),
                         },
                     ));
                     n += 1;
