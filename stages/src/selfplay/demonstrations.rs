@@ -20,12 +20,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::rules::ValidityRules;
 use crate::agent::{PromptTemplate, Role, information_block};
 use crate::columns::Reader;
 use crate::data::datasets::Question;
+use crate::memory::{FailureRecord, Induction, Skill, SkillMeta, induce, prompt_block};
 use crate::policy::Policy;
 use crate::search::{Search, format_results};
 use crate::train::TrainSequence;
@@ -58,6 +60,67 @@ pub fn chain_searches(question: &Question) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(hop, title)| relations.get(hop).map_or_else(|| title.clone(), |r| format!("{title} {r}")))
+        .collect()
+}
+
+/// How many solver demonstrations show a skill in their prompt, as the solver will see skills
+/// in self-play; the rest show none.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SkillShare {
+    /// The share shown a skill that fits (induced from another question of the same chain of
+    /// relations), which the demonstration follows.
+    pub relevant: f64,
+    /// The share shown a skill of another chain, which the demonstration ignores.
+    pub irrelevant: f64,
+}
+
+impl SkillShare {
+    /// What is wrong with the shares, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        let valid = |x: f64| (0.0..=1.0).contains(&x);
+        let ok = valid(self.relevant) && valid(self.irrelevant) && self.relevant + self.irrelevant <= 1.0;
+        (!ok).then_some("two shares between 0 and 1 whose sum is at most 1")
+    }
+}
+
+/// The skill block of each question's solver demonstration, in `questions`' order: a skill
+/// induced by rules (`memory::induce`) from another question with the same relations, one from
+/// a question with other relations, or none, in the proportions of `share`. The choice is a
+/// fixed low-discrepancy sequence over positions, so the same questions get the same blocks.
+/// A skill is made as self-play would make it: from a failure that stopped after one search
+/// (answering with the first hop's entity) against the question's whole chain.
+pub fn demonstration_skills(questions: &[&Question], share: &SkillShare) -> Vec<String> {
+    let chain = |q: &Question| q.supporting_relations.join("/");
+    let skill_of = |q: &Question| {
+        let searches = chain_searches(q);
+        let record = FailureRecord {
+            id: q.id.clone(),
+            question: q.question.clone(),
+            target: q.golden_answers.first().cloned().unwrap_or_default(),
+            predicted: q.supporting_titles.get(1).cloned(),
+            skill_ids: Vec::new(),
+            digest: String::new(),
+            searches: searches.iter().take(1).cloned().collect(),
+            solved_searches: searches,
+        };
+        let text = induce(&[&record], Induction::Rules)?;
+        Some(Skill { id: format!("demo-{}", q.id), text, meta: SkillMeta::default() })
+    };
+    let n = questions.len();
+    (0..n)
+        .map(|i| {
+            // The golden ratio's multiples modulo 1 spread any share evenly over positions.
+            let u = ((i + 1) as f64 * 0.618_033_988_749_895).fract();
+            let same = u < share.relevant;
+            if !same && u >= share.relevant + share.irrelevant {
+                return String::new();
+            }
+            let other = (1..n)
+                .map(|d| questions[(i + d) % n])
+                .find(|q| (chain(q) == chain(questions[i])) == same && !q.supporting_relations.is_empty());
+            other.and_then(skill_of).map_or_else(String::new, |skill| prompt_block(&[&skill]))
+        })
         .collect()
 }
 
@@ -113,7 +176,8 @@ impl Writer<'_> {
         Ok((information_block(&format_results(std::slice::from_ref(&hits))), found))
     }
 
-    /// The solver's demonstration of `question`, or `None` when a search misses its hop.
+    /// The solver's demonstration of `question` with the skill block `skills` in its prompt
+    /// (empty: none), or `None` when a search misses its hop.
     ///
     /// Each hop thinks first, then searches the entity with the relation ("Orla country", as the
     /// small solver prompt's example does). The first thought lays out the whole chain ("I need
@@ -126,6 +190,7 @@ impl Writer<'_> {
         &self,
         template: &PromptTemplate,
         question: &Question,
+        skills: &str,
     ) -> Result<Option<Demonstration>, String> {
         let Some(answer) = question.golden_answers.first() else { return Ok(None) };
         let titles = &question.supporting_titles;
@@ -139,7 +204,8 @@ impl Writer<'_> {
             None => format!("{} leads to {object}.", titles[hop]),
         };
         let prompt = self.policy.render_chat(
-            &template.render(&BTreeMap::from([("question", question.question.clone()), ("skills", String::new())])),
+            &template
+                .render(&BTreeMap::from([("question", question.question.clone()), ("skills", skills.to_string())])),
         );
         let mut turns = Vec::new();
         let relations = &question.supporting_relations;
@@ -293,6 +359,7 @@ mod tests {
 
     use super::*;
     use crate::agent::{PROPOSER_PROMPT, SOLVER_PROMPT};
+    use crate::data::metrics::contains_answer;
     use crate::data::world::{World, WorldConfig};
     use crate::policy::testing::smollm2_candle;
     use crate::search::Bm25Index;
@@ -329,7 +396,7 @@ mod tests {
             policy.decode(&ids).unwrap()
         };
         for question in &questions {
-            if let Some(demo) = writer.solver(&solver, question).await.unwrap() {
+            if let Some(demo) = writer.solver(&solver, question, "").await.unwrap() {
                 solved += 1;
                 let text = policy.decode(&demo.sequence.tokens).unwrap();
                 let trained = trained(&demo);
@@ -387,19 +454,59 @@ mod tests {
         assert!(confirmed > 0, "a one-hop proposer demonstration under two searches");
         assert!(solved > questions.len() / 2, "{solved} of {} solver demonstrations", questions.len());
         assert!(proposed > 0 && proposed < questions.len(), "{proposed} proposer demonstrations");
+        // A skill block goes into the prompt, untrained; the trajectory is the same.
+        let refs: Vec<&Question> = questions.iter().collect();
+        let blocks = demonstration_skills(&refs, &SkillShare { relevant: 1.0, irrelevant: 0.0 });
+        let (k, block) = blocks.iter().enumerate().find(|(_, b)| !b.is_empty()).expect("a skill block");
+        let plain = writer.solver(&solver, &questions[k], "").await.unwrap();
+        if let (Some(plain), Some(skilled)) = (plain, writer.solver(&solver, &questions[k], block).await.unwrap()) {
+            assert_eq!(trained(&skilled), trained(&plain));
+            assert!(policy.decode(&skilled.sequence.tokens).unwrap().contains(block.trim_end()));
+        }
         // A question whose chain names a passage the index does not have is dropped.
         let mut broken = questions[0].clone();
         broken.supporting_titles[0] = "Nowhere Atlantis".into();
-        assert_eq!(writer.solver(&solver, &broken).await.unwrap(), None);
+        assert_eq!(writer.solver(&solver, &broken, "").await.unwrap(), None);
         // A dataset that names only titles: the searches name the titles alone.
         let written = questions.iter().find(|q| q.hops == Some(2)).unwrap();
         let mut titles_only = written.clone();
         titles_only.supporting_relations.clear();
-        let demo = writer.solver(&solver, &titles_only).await.unwrap().expect("a written demonstration");
+        let demo = writer.solver(&solver, &titles_only, "").await.unwrap().expect("a written demonstration");
         let text = policy.decode(&demo.sequence.tokens).unwrap();
         let [first, second] = [&written.supporting_titles[0], &written.supporting_titles[1]];
         assert!(text.contains(&format!("<think>I need to read about {first}.</think>\n<search>{first}</search>")));
         assert!(text.contains(&format!("<think>{first} leads to {second}. I need to read about {second}.</think>")));
+    }
+
+    #[test]
+    fn skill_aware_demonstrations_show_a_fitting_skill_another_or_none_the_same_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        World::generate(WorldConfig { seed: 5, entities: 400, questions: 300 }).write(dir.path()).unwrap();
+        let questions = crate::data::datasets::load_questions(&dir.path().join("questions.jsonl")).unwrap();
+        let refs: Vec<&Question> = questions.iter().collect();
+        let share = SkillShare { relevant: 0.4, irrelevant: 0.2 };
+        let blocks = demonstration_skills(&refs, &share);
+        assert_eq!(blocks, demonstration_skills(&refs, &share), "deterministic");
+        let (mut fitting, mut other) = (0, 0);
+        for (question, block) in questions.iter().zip(&blocks) {
+            if block.is_empty() {
+                continue;
+            }
+            // A fitting skill's trigger is this question's own pattern.
+            let own = demonstration_skills(&[question, question], &SkillShare { relevant: 1.0, irrelevant: 0.0 });
+            let pattern = own[0].split("Use when: ").nth(1).unwrap().split(" Query:").next().unwrap();
+            if block.contains(pattern) {
+                fitting += 1
+            } else {
+                other += 1
+            }
+            assert!(!contains_answer(block, &question.golden_answers[0]), "{block}");
+            assert!(!contains_answer(block, &question.supporting_titles[0]), "{block}");
+        }
+        let n = questions.len() as f64;
+        assert!((fitting as f64 - 0.4 * n).abs() < 0.05 * n, "{fitting} fitting of {n}");
+        assert!((other as f64 - 0.2 * n).abs() < 0.05 * n, "{other} of another chain of {n}");
+        assert!(SkillShare { relevant: 0.7, irrelevant: 0.4 }.problem().is_some());
     }
 
     #[test]

@@ -17,7 +17,9 @@ use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_nam
 use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
-use crate::selfplay::demonstrations::{Demonstration, Writer, read_user_demonstrations};
+use crate::selfplay::demonstrations::{
+    Demonstration, SkillShare, Writer, demonstration_skills, read_user_demonstrations,
+};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
 use crate::selfplay::training::{
@@ -52,6 +54,12 @@ pub struct WorldDemonstrations {
     /// The rules a proposer demonstration's question must pass (the propose stage's).
     #[serde(default)]
     pub rules: ValidityRules,
+    /// Solver demonstrations with a skill in their prompt, so that a solver meets skills before
+    /// self-play shows it any: `{relevant: 0.4, irrelevant: 0.2}` shows 40 % a skill of their
+    /// own chain of relations (which they follow), 20 % one of another chain (which they
+    /// ignore), the rest none. Unset: no skills, as in the paper.
+    #[serde(default)]
+    pub skills: Option<SkillShare>,
 }
 
 fn both_roles() -> Vec<String> {
@@ -169,12 +177,18 @@ impl Warmup {
             let within =
                 |limit: Option<u8>, q: &Question| limit.is_none_or(|m| q.supporting_titles.len() <= m as usize);
             let proposer_limit = world.proposer_max_hops.or(world.max_hops);
+            let solved: Vec<&Question> =
+                questions[..used].iter().filter(|q| wants("solver") && within(world.max_hops, q)).collect();
+            let blocks = match &world.skills {
+                Some(share) => demonstration_skills(&solved, share),
+                None => vec![String::new(); solved.len()],
+            };
+            for (question, skills) in solved.iter().zip(&blocks) {
+                let template = &selfplay.templates.solver;
+                demonstrations
+                    .extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
+            }
             for question in &questions[..used] {
-                if wants("solver") && within(world.max_hops, question) {
-                    demonstrations.extend(
-                        solver_writer.solver(&selfplay.templates.solver, question).await.map_err(StageError::Failed)?,
-                    );
-                }
                 if let Some(template) = proposer.filter(|_| within(proposer_limit, question)) {
                     demonstrations.extend(
                         proposer_writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?,
@@ -310,6 +324,9 @@ impl Stage for Warmup {
                 problems
                     .push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
             }
+        }
+        if let Some(problem) = config.world.as_ref().and_then(|w| w.skills.as_ref()).and_then(SkillShare::problem) {
+            problems.push(ConfigProblem::new("world.skills", problem));
         }
         if let Some(every) = config.keep_every {
             problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
