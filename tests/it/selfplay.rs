@@ -605,9 +605,17 @@ async fn evaluation_runs_with_memory_on_and_off() {
         let mode = strings(batch, "mode");
         let banks = batch.column_by_name("bank_version").unwrap();
         let banks = banks.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
+        let shown = batch.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let shown: Vec<i32> = (0..batch.num_rows()).map(|i| shown.value_length(i)).collect();
         match mode[0].as_str() {
-            "memory_on" => assert!(banks.iter().all(|v| v.unwrap() >= 1), "the primed bank is version 1"),
-            _ => assert!(banks.iter().all(|v| v == Some(0))),
+            "memory_on" => {
+                assert!(banks.iter().all(|v| v.unwrap() >= 1), "the primed bank is version 1");
+                assert_eq!(shown, [2; 3], "each question's prompt showed its top 2");
+            }
+            _ => {
+                assert!(banks.iter().all(|v| v == Some(0)));
+                assert_eq!(shown, [0; 3]);
+            }
         }
     }
     // Memory on: the first three questions' prompts show skills; memory off: the last three's

@@ -141,6 +141,8 @@ struct EvalRow {
     outcome: String,
     policy_version: u64,
     bank_version: u64,
+    /// The skills in its prompt (none with memory off, or none similar enough).
+    skill_ids: Vec<String>,
 }
 
 /// The `evals` table: one row per question evaluated.
@@ -163,6 +165,7 @@ fn evals_batch(mode: &str, rows: &[EvalRow]) -> Result<RecordBatch, ArrowError> 
         .str("outcome", rows.iter().map(|r| r.outcome.as_str()))
         .u64("policy_version", rows.iter().map(|r| r.policy_version))
         .u64("bank_version", rows.iter().map(|r| r.bank_version))
+        .strs("skill_ids", rows.iter().map(|r| r.skill_ids.iter().map(String::as_str)))
         .finish()
 }
 
@@ -374,7 +377,7 @@ impl Stage for Evaluate {
                 progress.inc(chunk.len() as u64);
             }
             let start = rows.len();
-            for (question, trajectory) in questions.iter().zip(trajectories) {
+            for ((question, trajectory), shown) in questions.iter().zip(trajectories).zip(&retrieval.skills) {
                 let prediction = trajectory.outcome.final_text().map(str::to_string);
                 let answer = prediction.as_deref().unwrap_or_default();
                 let em = if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 };
@@ -391,6 +394,7 @@ impl Stage for Evaluate {
                     outcome: super::outcome_name(&trajectory.outcome),
                     policy_version: trajectory.policy_version,
                     bank_version: retrieval.version,
+                    skill_ids: shown.iter().map(|(id, _, _)| id.clone()).collect(),
                     question: question.clone(),
                 });
             }
