@@ -536,8 +536,18 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
             "solve: {kind: solve, after: [verify], n_rollouts: 1, guidance: hint}",
         ),
         ("  consolidate:", eval.as_str()),
+        ("collect: {kind: collect, after: [reward]}", "collect: {kind: collect, after: [reward], guided: true}"),
     ];
     let (lp, tables) = run_loop(&edits).await;
+    // One rollout a question: no group is a frontier; the failures collected are those of
+    // groups only a guided rollout solved, with its searches as the contrast.
+    let failures: Vec<&RecordBatch> = tables["failures"].iter().map(|(_, b)| b).collect();
+    assert!(failures.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "no failure beyond the frontier was collected");
+    for batch in failures {
+        assert!(floats(batch, "p_hat").iter().all(|p| *p == Some(0.0)));
+        let solved = batch.column_by_name("solved_searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        assert!((0..batch.num_rows()).all(|i| solved.value_length(i) > 0), "each has its guided success's searches");
+    }
     let mut guided = 0;
     for ((step, rollouts), (_, proposals)) in tables["rollouts"].iter().zip(&tables["proposals"]) {
         let flags =

@@ -24,7 +24,8 @@ use super::skill::SkillText;
 use crate::data::metrics::{contains_answer, normalize_answer};
 
 /// Lowercase words that may join two capitalised words into one name ("Bank of America").
-const CONNECTORS: &[&str] = &["of", "the", "for", "and", "de", "du", "von", "van", "la", "le", "&"];
+/// Not "and": "Is X and Y …" names two things far more often than one.
+const CONNECTORS: &[&str] = &["of", "the", "for", "de", "du", "von", "van", "la", "le", "&"];
 
 /// Words that are capitalised only because they open the question.
 const OPENERS: &[&str] = &[
@@ -156,6 +157,15 @@ fn pattern(question: &str, searches: &[String]) -> Pattern {
         .collect();
     let words = words(question);
     let question_lower = lower(&words);
+    // A search that is a short phrase of the question, with a capital in it, is a name the
+    // question writes in lowercase in part ("Le roi malgré lui").
+    let quoted: Vec<Vec<String>> = searches
+        .iter()
+        .map(|query| self::words(query))
+        .filter(|q| q.iter().any(|w| name_like(w.core)) && q.len() * 2 <= words.len())
+        .map(|q| lower(&q))
+        .collect();
+    let names_searched: BTreeSet<Vec<String>> = names_searched.into_iter().chain(quoted).collect();
     let mut known = vec![false; words.len()];
     for name in names_searched.iter().filter(|n| !n.is_empty()) {
         for start in 0..words.len().saturating_sub(name.len() - 1) {
@@ -265,14 +275,21 @@ fn mask_query(query: &str, pattern: &Pattern, answers: &BTreeSet<String>, positi
     rebuild(&words, slots.into_iter())
 }
 
-/// The normalised words of the answers a skill must not hold: the target and what the
-/// failures answered (often an intermediate entity), articles and connectors left out.
+/// The normalised words of the answers a skill must not hold: the target's, and the names in
+/// what the failures answered (often an intermediate entity; a failure that answered with a
+/// query, "Orla birthplace", must not mask the relation word of every search), articles and
+/// connectors left out.
 fn answer_words(records: &[&FailureRecord]) -> BTreeSet<String> {
+    let names = |answer: &str| -> Vec<String> {
+        words(answer).iter().filter(|w| name_like(w.core)).map(|w| normalize_answer(w.core)).collect()
+    };
     records
         .iter()
-        .flat_map(|r| std::iter::once(r.target.as_str()).chain(r.predicted.as_deref()))
-        .flat_map(|a| normalize_answer(a).split_whitespace().map(str::to_string).collect::<Vec<_>>())
-        .filter(|w| !CONNECTORS.contains(&w.as_str()) && !OPENERS.contains(&w.as_str()))
+        .flat_map(|r| {
+            let target = normalize_answer(&r.target).split_whitespace().map(str::to_string).collect::<Vec<_>>();
+            target.into_iter().chain(r.predicted.as_deref().map(names).unwrap_or_default())
+        })
+        .filter(|w| !w.is_empty() && !CONNECTORS.contains(&w.as_str()) && !OPENERS.contains(&w.as_str()))
         .collect()
 }
 

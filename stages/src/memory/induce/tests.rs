@@ -56,6 +56,23 @@ fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped(
 }
 
 #[test]
+fn a_failure_that_answered_with_a_query_does_not_mask_the_relation() {
+    // Seen in a run: the answer "Anjaline Battaglia birthplace" masked "birthplace" everywhere.
+    let question = "In which city was Wenor Axprapra born?";
+    let failure = record(
+        "f2-0-0",
+        question,
+        "Enrislu",
+        Some("Anjaline Battaglia birthplace"),
+        &["Wenor Axprapra birthplace", "Axfen Lurismer birthplace"],
+        &["Wenor Axprapra birthplace"],
+    );
+    let skill = induce(&[&failure], Induction::Rules).unwrap();
+    assert_eq!(skill.query_template, "<entity> birthplace");
+    assert_eq!(skill.trigger, "In which city was <entity> born?");
+}
+
+#[test]
 fn quoted_titles_and_joined_names_are_masked_whole() {
     let question = "Which came to market first, \"Hey Pa! There's a Goat on the Roof\" or \"Poleconomy\"";
     let group = record(

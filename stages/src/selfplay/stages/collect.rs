@@ -1,5 +1,6 @@
 //! `collect`: failed solver rollouts of frontier questions (0 < p̂ < 1; optionally of every
-//! question) become compact failure records in the pending queue of the skill memory.
+//! question, or also of questions only a guided rollout solved) become compact failure records
+//! in the pending queue of the skill memory. A guided rollout is never collected as a failure.
 
 use std::time::Instant;
 
@@ -24,6 +25,13 @@ pub struct CollectConfig {
     /// failure (the `− frontier shaping` ablation).
     #[serde(default = "yes")]
     pub frontier_only: bool,
+    /// Also collect a question none of whose own rollouts succeeded but whose guided (hinted)
+    /// rollout did (`solve.guidance: hint`): its failures, with the guided success as the
+    /// contrast a rule-based distiller learns from. These are the questions beyond the
+    /// solver's frontier, so the skills they give are the ones it lacks. Off by default (SESA
+    /// collects frontier questions only).
+    #[serde(default)]
+    pub guided: bool,
 }
 
 fn yes() -> bool {
@@ -103,6 +111,7 @@ impl Stage for Collect {
         let skill_ids = rollouts.strs("skill_ids")?;
         let searches = rollouts.strs("searches")?;
         let outcomes = rollouts.str("outcome")?;
+        let guided = rollouts.bool("guided")?;
         // Per question, the successful rollout with the fewest searches: the contrast a
         // rule-based distiller learns from.
         let mut solved: std::collections::BTreeMap<u64, &[String]> = std::collections::BTreeMap::new();
@@ -118,7 +127,8 @@ impl Stage for Collect {
         for (i, &r) in solver.iter().enumerate() {
             let p = p_hats[r];
             let frontier = p > 0.0 && p < 1.0;
-            if reward_values[r] > 0.0 || (self.config.frontier_only && !frontier) {
+            let beyond = self.config.guided && p == 0.0 && solved.contains_key(&items[i]);
+            if guided[i] || reward_values[r] > 0.0 || (self.config.frontier_only && !frontier && !beyond) {
                 continue;
             }
             let record = FailureRecord {
