@@ -169,6 +169,7 @@ fn resources_with(
         embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
         top_k: 2,
         min_similarity: None,
+        retrieve_by: sesa_stages::memory::RetrieveBy::Question,
         queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
     };
     LoopResources::new(selfplay, Some(memory))

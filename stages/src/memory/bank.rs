@@ -166,7 +166,14 @@ impl SkillBank {
     /// The `k` skills most similar to `query` (a unit vector), best first; ties go to the
     /// older skill. Exact: the bank is small (hundreds), a scan is microseconds.
     pub fn top_k(&self, query: &[f32], k: usize) -> Vec<(&Skill, f32)> {
-        let mut scored: Vec<(usize, f32)> = self.vectors.iter().map(|v| cosine(v, query)).enumerate().collect();
+        self.top_k_among(&self.vectors, query, k)
+    }
+
+    /// The `k` skills whose vectors in `vectors` (one per skill, in [`SkillBank::skills`]'
+    /// order: another text of each skill than the bank's own) are most similar to `query`.
+    pub fn top_k_among(&self, vectors: &[Vec<f32>], query: &[f32], k: usize) -> Vec<(&Skill, f32)> {
+        debug_assert_eq!(vectors.len(), self.skills.len());
+        let mut scored: Vec<(usize, f32)> = vectors.iter().map(|v| cosine(v, query)).enumerate().collect();
         let k = k.min(scored.len());
         if k == 0 {
             return Vec::new();

@@ -132,6 +132,12 @@ struct Pattern {
     masked: String,
 }
 
+/// `question` with its named entities masked as a rule-based skill's trigger masks them: what
+/// `memory.retrieve_by: pattern` compares with triggers.
+pub fn question_pattern(question: &str) -> String {
+    pattern(question, &[]).masked
+}
+
 impl Pattern {
     /// Whether `answer` is one of the question's entities, as answers are compared.
     fn named(&self, answer: &str) -> bool {

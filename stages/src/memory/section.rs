@@ -75,6 +75,13 @@ pub struct MemorySection {
     /// solver most.
     #[serde(default)]
     pub min_similarity: Option<f32>,
+    /// What a question is compared with: `question` (the paper's way: the question with each
+    /// skill's description and trigger) or `pattern` (the question with its named entities
+    /// masked, with each skill's trigger alone: a rule-based skill's trigger is such a pattern,
+    /// so a question meets the skills of its own template; made-up names otherwise dominate a
+    /// question's embedding).
+    #[serde(default)]
+    pub retrieve_by: RetrieveBy,
     /// Retrievals before a harmful skill can be evicted (paper: 3).
     #[serde(default = "defaults::evict_min_retrievals")]
     pub evict_min_retrievals: u64,
@@ -102,6 +109,17 @@ mod defaults {
     pub fn queue_capacity() -> usize {
         300
     }
+}
+
+/// What retrieval compares a question with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetrieveBy {
+    /// The question, with each skill's description and trigger.
+    #[default]
+    Question,
+    /// The question's pattern (named entities masked), with each skill's trigger.
+    Pattern,
 }
 
 impl Section for MemorySection {

@@ -19,7 +19,7 @@ use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
 use crate::columns::Reader;
-use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, SkillBank, skills_from_batch};
+use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, RetrieveBy, SkillBank, skills_from_batch};
 use crate::policy::Policy;
 use crate::search::Search;
 use crate::sections::{
@@ -176,6 +176,8 @@ pub struct SkillMemory {
     pub top_k: usize,
     /// The cosine to the question a skill needs to be shown (none: the top-k always are).
     pub min_similarity: Option<f32>,
+    /// What a question is compared with.
+    pub retrieve_by: RetrieveBy,
     /// Failures waiting for consolidation.
     pub queue: Mutex<FailureQueue>,
 }
@@ -263,6 +265,7 @@ impl LoopResources {
                 embedder: section.open_embedder().await?,
                 top_k: section.top_k,
                 min_similarity: section.min_similarity,
+                retrieve_by: section.retrieve_by,
                 queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
             })),
             None => None,

@@ -22,7 +22,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory};
 use crate::columns::{Columns, Reader, schema_of};
-use crate::memory::{SkillEvent, SkillEventKind, events_batch};
+use crate::memory::{RetrieveBy, SkillEvent, SkillEventKind, events_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
 
@@ -132,14 +132,28 @@ impl Retrieval {
 }
 
 /// The top-k skills of the bank for each question, less those under the memory's
-/// `min_similarity`: one embedding batch, then exact top-k.
+/// `min_similarity`: one embedding batch, then exact top-k. By `pattern`, the questions'
+/// patterns are compared with the skills' triggers (embedded once each, then cached).
 pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retrieval, StageError> {
-    let vectors = memory.embedder.embed(questions).map_err(|e| failed("embedding questions", e))?;
+    let by_pattern = memory.retrieve_by == RetrieveBy::Pattern;
+    let keys: Vec<String> =
+        questions.iter().map(|q| if by_pattern { crate::memory::question_pattern(q) } else { q.to_string() }).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let vectors = memory.embedder.embed(&keys).map_err(|e| failed("embedding questions", e))?;
     let bank = memory.bank.lock().expect("bank lock");
+    let triggers = if by_pattern {
+        let texts: Vec<&str> = bank.skills().iter().map(|s| s.text.trigger.as_str()).collect();
+        Some(memory.embedder.embed(&texts).map_err(|e| failed("embedding skill triggers", e))?)
+    } else {
+        None
+    };
     let mut retrieval = Retrieval::none(questions.len());
     retrieval.version = bank.version();
     for (k, vector) in vectors.iter().enumerate() {
-        let mut top = bank.top_k(vector, memory.top_k);
+        let mut top = match &triggers {
+            Some(triggers) => bank.top_k_among(triggers, vector, memory.top_k),
+            None => bank.top_k(vector, memory.top_k),
+        };
         top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
         let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
         retrieval.blocks[k] = crate::memory::prompt_block(&skills);
@@ -290,11 +304,15 @@ impl Stage for Solve {
 mod tests {
     use std::sync::Mutex;
 
-    use super::{hint, retrieve};
+    use super::{RetrieveBy, hint, retrieve};
     use crate::memory::{CachedEmbedder, HashedWords, MemorySection, Skill, SkillBank, SkillMeta, SkillText};
     use crate::selfplay::{FailureQueue, SkillMemory};
 
     fn memory(min_similarity: Option<f32>) -> SkillMemory {
+        memory_by(min_similarity, RetrieveBy::Question)
+    }
+
+    fn memory_by(min_similarity: Option<f32>, retrieve_by: RetrieveBy) -> SkillMemory {
         let embedder = CachedEmbedder::new(Box::new(HashedWords::new(256)));
         let skill = Skill {
             id: "s1-0".into(),
@@ -312,6 +330,7 @@ mod tests {
             embedder,
             top_k: 3,
             min_similarity,
+            retrieve_by,
             queue: Mutex::new(FailureQueue::new(10)),
         }
     }
@@ -327,6 +346,32 @@ mod tests {
         assert_eq!(some.skills[0].len(), 1);
         assert!(some.skills[1].is_empty() && some.blocks[1].is_empty(), "the unrelated question is shown none");
         assert!(!some.blocks[0].is_empty());
+    }
+
+    #[test]
+    fn by_pattern_a_question_meets_the_skills_of_its_own_template() {
+        let memory = memory_by(Some(0.99), RetrieveBy::Pattern);
+        let induced = SkillText {
+            description: "Search one hop at a time, 2 searches: \"<entity> founder\", then \"<result 1> birthplace\""
+                .into(),
+            trigger: "Where was the founder of <entity> born?".into(),
+            avoid: vec![],
+            query_template: "<entity> founder → <result 1> birthplace".into(),
+        };
+        {
+            let mut bank = memory.bank.lock().unwrap();
+            let vector = memory.embedder.embed(&[induced.embedding_text().as_str()]).unwrap().remove(0);
+            let events = bank.admit("s2-0".into(), induced, SkillMeta::default(), vector);
+            assert_eq!(events[0].kind, crate::memory::SkillEventKind::Added);
+        }
+        let questions =
+            ["Where was the founder of Orla Dunmere Works born?", "Where was the mother of Orla Dunmere born?"];
+        let shown = retrieve(&memory, &questions).unwrap();
+        assert_eq!(shown.skills[0].iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
+        assert!(shown.skills[0][0].2 > 0.999, "the same pattern: {}", shown.skills[0][0].2);
+        assert!(shown.skills[1].is_empty(), "another template is shown none");
+        let by_question = retrieve(&memory_by(Some(0.99), RetrieveBy::Question), &questions).unwrap();
+        assert!(by_question.skills.iter().all(|s| s.is_empty()), "names keep the question far from any skill");
     }
 
     #[test]
