@@ -259,35 +259,31 @@ impl Writer<'_> {
         let titles = &question.supporting_titles;
         let queries: Vec<&str> =
             std::iter::once(answer.as_str()).chain(titles.iter().skip(1).rev().map(String::as_str)).collect();
-        let confirmations: Vec<String> =
-            chain_searches(question).into_iter().take(rules.min_searches.saturating_sub(queries.len())).collect();
-        // Each turn counts its search ("Search 2 of 3."), so that a small proposer knows from
-        // its own context when the walk is done and the question is due.
-        let total = queries.len() + confirmations.len();
-        let walk = queries.iter().zip(titles.iter().rev()).map(|(q, t)| (q.to_string(), t));
-        let confirm = confirmations.iter().zip(titles.iter()).map(|(q, t)| (q.clone(), t));
         let mut turns = Vec::new();
         let mut materials = String::new();
-        let mut searched = Vec::new();
-        for (k, (query, title)) in walk.chain(confirm).enumerate() {
-            let (information, found) = self.search(&query, title).await?;
+        for (query, title) in queries.iter().zip(titles.iter().rev()) {
+            let (information, found) = self.search(query, title).await?;
             if !found {
                 return Ok(None);
             }
             materials.push_str(&information);
-            let text = format!("<think>Search {} of {total}.</think>\n<search>{query}</search>", k + 1);
-            turns.push(WrittenTurn { text, information: Some(information) });
-            searched.push(query);
+            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
         }
-        let searched: Vec<&str> = searched.iter().map(String::as_str).collect();
-        if rules.check(Some(&question.question), answer, &searched, &materials).is_err() {
+        let confirmations: Vec<String> =
+            chain_searches(question).into_iter().take(rules.min_searches.saturating_sub(queries.len())).collect();
+        for (hop, query) in confirmations.iter().enumerate() {
+            let (information, found) = self.search(query, &titles[hop]).await?;
+            if !found {
+                return Ok(None);
+            }
+            materials.push_str(&information);
+            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
+        }
+        let queries: Vec<&str> = queries.into_iter().chain(confirmations.iter().map(String::as_str)).collect();
+        if rules.check(Some(&question.question), answer, &queries, &materials).is_err() {
             return Ok(None);
         }
-        let text = format!(
-            "<think>{total} of {total} done: the question.</think>\n<question>{}</question>",
-            question.question
-        );
-        turns.push(WrittenTurn { text, information: None });
+        turns.push(WrittenTurn { text: format!("<question>{}</question>", question.question), information: None });
         Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
             role: "proposer",
             hops: question.hops.unwrap_or(0),
@@ -436,15 +432,9 @@ mod tests {
                 proposed += 1;
                 // The walk back starts from the answer and ends with the question.
                 let trained = trained(&demo);
-                let n = question.supporting_titles.len();
-                let first = format!("<think>Search 1 of {n}.</think>\n<search>{}</search>", question.golden_answers[0]);
-                assert!(trained.starts_with(&first), "{trained}");
-                let last = format!(
-                    "<think>{n} of {n} done: the question.</think>\n<question>{}</question>",
-                    question.question
-                );
-                assert!(trained.ends_with(&last), "{trained}");
-                assert_eq!(trained.matches("<search>").count(), n);
+                assert!(trained.starts_with(&format!("<search>{}</search>", question.golden_answers[0])), "{trained}");
+                assert!(trained.ends_with(&format!("<question>{}</question>", question.question)), "{trained}");
+                assert_eq!(trained.matches("<search>").count(), question.supporting_titles.len());
             }
         }
         // With SSP's two searches, a one-hop walk confirms its hop with a second search.
@@ -455,10 +445,8 @@ mod tests {
             if let Some(demo) = writer.proposer(&proposer, &two, question).await.unwrap() {
                 let (title, relation) = (&question.supporting_titles[0], &question.supporting_relations[0]);
                 let trained = trained(&demo);
-                let walk = format!(
-                    "<think>Search 1 of 2.</think>\n<search>{}</search><think>Search 2 of 2.</think>\n<search>{title} {relation}</search>",
-                    question.golden_answers[0]
-                );
+                let walk =
+                    format!("<search>{}</search><search>{title} {relation}</search>", question.golden_answers[0]);
                 assert!(trained.starts_with(&walk), "{trained}");
                 confirmed += 1;
             }
