@@ -154,24 +154,18 @@ fn entity_slot(k: usize, of: usize) -> String {
 /// name in the question too, however the question writes it.
 fn pattern(question: &str, searches: &[String]) -> Pattern {
     let lower = |words: &[Word<'_>]| words.iter().map(|w| w.core.to_lowercase()).collect::<Vec<_>>();
-    let names_searched: BTreeSet<Vec<String>> = searches
-        .iter()
-        .flat_map(|query| {
-            let words = words(query);
-            name_spans(&words, &[]).into_iter().map(|span| lower(&words[span])).collect::<Vec<_>>()
-        })
-        .collect();
     let words = words(question);
     let question_lower = lower(&words);
-    // A search that is a short phrase of the question, with a capital in it, is a name the
-    // question writes in lowercase in part ("Le roi malgré lui").
-    let quoted: Vec<Vec<String>> = searches
-        .iter()
-        .map(|query| self::words(query))
-        .filter(|q| q.iter().any(|w| name_like(w.core)) && q.len() * 2 <= words.len())
-        .map(|q| lower(&q))
-        .collect();
-    let names_searched: BTreeSet<Vec<String>> = names_searched.into_iter().chain(quoted).collect();
+    let mut names_searched: BTreeSet<Vec<String>> = BTreeSet::new();
+    for query in searches {
+        let query_words = self::words(query);
+        names_searched.extend(name_spans(&query_words, &[]).into_iter().map(|span| lower(&query_words[span])));
+        // A search that is a short phrase of the question, with a capital in it, is a name the
+        // question writes in lowercase in part ("Le roi malgré lui").
+        if query_words.iter().any(|w| name_like(w.core)) && query_words.len() * 2 <= words.len() {
+            names_searched.insert(lower(&query_words));
+        }
+    }
     let mut known = vec![false; words.len()];
     for name in names_searched.iter().filter(|n| !n.is_empty()) {
         for start in 0..words.len().saturating_sub(name.len() - 1) {
