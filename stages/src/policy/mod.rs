@@ -24,7 +24,7 @@ pub use self::chat::{ChatFormat, ChatMessage, ChatTemplate};
 pub use self::mistralrs::MistralRsConfig;
 #[cfg(feature = "mistralrs")]
 pub use self::mistralrs::MistralRsPolicy;
-pub use self::openai::{OpenAiConfig, OpenAiPolicy, ServerTemplate};
+pub use self::openai::{OpenAiConfig, OpenAiPolicy, ServerTemplate, ServerUrls};
 pub use self::scripted::ScriptedPolicy;
 pub use crate::kernels::{KvCacheDtype, Precision};
 
@@ -146,14 +146,20 @@ pub trait Policy: Send + Sync {
     }
 
     /// Serves policy version `version`, an external trainer's checkpoint at `checkpoint`
-    /// (blocking): a remote backend records that its servers reloaded it; the `candle` backend
-    /// loads the checkpoint (a Hugging Face directory) itself.
+    /// (blocking): a remote backend records that its servers reloaded it; the in-process
+    /// backends (`candle`, `mistralrs`) load the checkpoint (a Hugging Face directory) themselves.
     fn reloaded(&self, version: u64, checkpoint: &std::path::Path) -> Result<(), PolicyError> {
         let _ = (version, checkpoint);
         Err(PolicyError::Backend {
             name: self.name().to_string(),
             message: "this backend cannot serve an external trainer's checkpoints".into(),
         })
+    }
+
+    /// The base URLs of the servers that serve this policy (a remote backend's); none for a
+    /// policy in this process. An external trainer's reload must reach every one.
+    fn servers(&self) -> &[String] {
+        &[]
     }
 
     /// Serves `weights` (blocking) from the next request on, as policy version `version`;

@@ -6,9 +6,14 @@
 //! from vLLM's `return_tokens_as_token_ids` (tokens written `token_id:N`) where the server
 //! supports it. When it does not, the generation says so (no ids) and the trajectory is marked
 //! inexact rather than guessed.
+//!
+//! One policy may be served by several servers (`base_url` as a list): each request goes to the
+//! server with the fewest requests in flight, and a failed attempt is retried on another one,
+//! so a server that dies mid-run costs its requests one retry, not the step.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use schemars::JsonSchema;
@@ -23,8 +28,10 @@ use crate::retry::{Attempt, with_retries};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiConfig {
-    /// The API root, e.g. `http://gpu-1:8000/v1`.
-    pub base_url: String,
+    /// The API root, e.g. `http://gpu-1:8000/v1`, or a list of them: servers of the same
+    /// weights, among which requests are spread (fewest in flight first) and a failed request
+    /// is retried on another.
+    pub base_url: ServerUrls,
     /// The model name the server knows.
     pub model: String,
     /// The environment variable holding the API key, if the server needs one.
@@ -38,13 +45,82 @@ pub struct OpenAiConfig {
     #[serde(default = "default_timeout")]
     pub timeout_secs: f64,
     /// Retries after a connection error, a timeout, a 429 or a 5xx answer: pauses from 0.5 s,
-    /// doubling, jittered, at most 60 s, or the server's `Retry-After`.
+    /// doubling, jittered, at most 60 s, or the server's `Retry-After`. With several servers,
+    /// each retry goes to another, and a request tries every server at least once.
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Requests in flight at once, over all concurrent calls (the episodes of an agent loop
     /// each call on their own; the server batches them).
     #[serde(default = "default_concurrency")]
     pub max_concurrency: usize,
+}
+
+/// One URL or several, as a spec writes them (`url` or `[url, url]`); never empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(into = "UrlsWritten")]
+pub struct ServerUrls(Vec<String>);
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum UrlsWritten {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl From<ServerUrls> for UrlsWritten {
+    fn from(urls: ServerUrls) -> UrlsWritten {
+        match <[String; 1]>::try_from(urls.0) {
+            Ok([one]) => UrlsWritten::One(one),
+            Err(many) => UrlsWritten::Many(many),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ServerUrls {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ServerUrls, D::Error> {
+        let written = UrlsWritten::deserialize(deserializer)
+            .map_err(|_| serde::de::Error::custom("expected a URL or a list of URLs"))?;
+        match written {
+            UrlsWritten::One(url) => Ok(ServerUrls(vec![url])),
+            UrlsWritten::Many(urls) if urls.is_empty() => Err(serde::de::Error::custom("the list of URLs is empty")),
+            UrlsWritten::Many(urls) => Ok(ServerUrls(urls)),
+        }
+    }
+}
+
+impl JsonSchema for ServerUrls {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ServerUrls".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]
+        })
+    }
+}
+
+impl ServerUrls {
+    /// One URL.
+    pub fn one(url: impl Into<String>) -> ServerUrls {
+        ServerUrls(vec![url.into()])
+    }
+
+    /// Several URLs; `None` when there are none.
+    pub fn many(urls: Vec<String>) -> Option<ServerUrls> {
+        (!urls.is_empty()).then_some(ServerUrls(urls))
+    }
+
+    /// The URLs, in the order written.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ServerUrls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
 }
 
 /// The chat template of a server's prompts. The server receives raw text, so sesa renders the
@@ -98,10 +174,74 @@ fn default_concurrency() -> usize {
     64
 }
 
+/// How long a server that failed is passed over while another is up.
+const COOL_DOWN: Duration = Duration::from_secs(30);
+
+/// The servers of one policy and what each is doing.
+#[derive(Debug)]
+struct Fleet {
+    urls: Vec<String>,
+    servers: Mutex<Vec<ServerLoad>>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ServerLoad {
+    in_flight: usize,
+    /// Requests sent so far: among servers equally busy, the least used gets the next.
+    sent: u64,
+    failed_at: Option<Instant>,
+}
+
+/// A request in flight on server `index`; dropping it frees the slot.
+struct Sent<'a> {
+    fleet: &'a Fleet,
+    index: usize,
+}
+
+impl Drop for Sent<'_> {
+    fn drop(&mut self) {
+        self.fleet.servers.lock().expect("fleet lock")[self.index].in_flight -= 1;
+    }
+}
+
+impl Fleet {
+    fn new(urls: &ServerUrls) -> Fleet {
+        let urls = urls.as_slice().iter().map(|url| url.trim_end_matches('/').to_string()).collect::<Vec<_>>();
+        Fleet { servers: Mutex::new(vec![ServerLoad::default(); urls.len()]), urls }
+    }
+
+    /// The server for a request's next attempt: one it has not tried, up (no failure within
+    /// [`COOL_DOWN`]) where one is, with the fewest requests in flight, then the least used.
+    fn send(&self, tried: &mut Vec<usize>) -> Sent<'_> {
+        let mut servers = self.servers.lock().expect("fleet lock");
+        if tried.len() >= servers.len() {
+            tried.clear();
+        }
+        let now = Instant::now();
+        let index = (0..servers.len())
+            .filter(|i| !tried.contains(i))
+            .min_by_key(|&i| {
+                let server = &servers[i];
+                let down = server.failed_at.is_some_and(|at| now.duration_since(at) < COOL_DOWN);
+                (down, server.in_flight, server.sent, i)
+            })
+            .expect("a fleet has a server not yet tried");
+        servers[index].in_flight += 1;
+        servers[index].sent += 1;
+        tried.push(index);
+        Sent { fleet: self, index }
+    }
+
+    fn answered(&self, index: usize, ok: bool) {
+        self.servers.lock().expect("fleet lock")[index].failed_at = if ok { None } else { Some(Instant::now()) };
+    }
+}
+
 /// The client. Cheap to share.
 #[derive(Debug)]
 pub struct OpenAiPolicy {
     config: OpenAiConfig,
+    fleet: Fleet,
     client: reqwest::Client,
     api_key: Option<String>,
     /// Set once the server has shown it has no `/tokenize`.
@@ -157,6 +297,7 @@ impl OpenAiPolicy {
             .map_err(|e| error(e.to_string()))?;
         let in_flight = tokio::sync::Semaphore::new(config.max_concurrency.max(1));
         Ok(OpenAiPolicy {
+            fleet: Fleet::new(&config.base_url),
             config,
             client,
             api_key,
@@ -167,31 +308,26 @@ impl OpenAiPolicy {
         })
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}/{path}", self.config.base_url.trim_end_matches('/'))
-    }
-
-    async fn post(&self, path: &str, body: &serde_json::Value) -> Result<reqwest::Response, Attempt> {
-        let mut request = self.client.post(self.url(path)).json(body);
+    async fn post(&self, url: &str, body: &serde_json::Value) -> Result<reqwest::Response, Attempt> {
+        let mut request = self.client.post(url).json(body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
         let response = request.send().await.map_err(|e| {
             Attempt::retry(if e.is_timeout() {
-                format!("no answer from {} within {} s", self.url(path), self.config.timeout_secs)
+                format!("no answer from {url} within {} s", self.config.timeout_secs)
             } else {
-                format!("{} is unreachable: {e}", self.url(path))
+                format!("{url} is unreachable: {e}")
             })
         })?;
         let status = response.status();
-        if let Some(retry) = Attempt::from_status(&response, || format!("{} answered {status}", self.url(path))) {
+        if let Some(retry) = Attempt::from_status(&response, || format!("{url} answered {status}")) {
             return Err(retry);
         }
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
             return Err(Attempt::GiveUp(format!(
-                "{} answered {status}: {}",
-                self.url(path),
+                "{url} answered {status}: {}",
                 body.chars().take(300).collect::<String>()
             )));
         }
@@ -220,15 +356,21 @@ impl OpenAiPolicy {
             body["response_format"] =
                 json!({ "type": "json_schema", "json_schema": { "name": "output", "schema": schema, "strict": true } });
         }
+        let tried = Mutex::new(Vec::new());
         let attempt = || async {
-            let response = self.post("completions", &body).await?;
-            let parsed = response
+            let sent = self.fleet.send(&mut tried.lock().expect("tried lock"));
+            let url = format!("{}/completions", self.fleet.urls[sent.index]);
+            let answer = self.post(&url, &body).await;
+            self.fleet.answered(sent.index, !matches!(answer, Err(Attempt::Retry { .. })));
+            let parsed = answer?
                 .json::<CompletionResponse>()
                 .await
-                .map_err(|e| Attempt::GiveUp(format!("the answer is not a completion: {e}")))?;
+                .map_err(|e| Attempt::GiveUp(format!("the answer of {url} is not a completion: {e}")))?;
             self.read_choice(parsed, request)
         };
-        with_retries(self.config.retries, Duration::from_millis(500), &self.config.model, attempt)
+        // Every server gets its chance before a request fails.
+        let retries = self.config.retries.max(self.fleet.urls.len() as u32 - 1);
+        with_retries(retries, Duration::from_millis(500), &self.config.model, attempt)
             .await
             .map_err(|message| PolicyError::Backend { name: self.config.model.clone(), message })
     }
@@ -297,6 +439,10 @@ impl Policy for OpenAiPolicy {
         Ok(())
     }
 
+    fn servers(&self) -> &[String] {
+        &self.fleet.urls
+    }
+
     fn render_chat(&self, messages: &[ChatMessage]) -> String {
         self.format.render(messages)
     }
@@ -306,8 +452,9 @@ impl Policy for OpenAiPolicy {
             if self.no_tokenizer.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            // vLLM and SGLang serve `/tokenize` beside `/v1`.
-            let root = self.config.base_url.trim_end_matches('/').trim_end_matches("/v1");
+            // vLLM and SGLang serve `/tokenize` beside `/v1`; the servers share a tokenizer.
+            let sent = self.fleet.send(&mut Vec::new());
+            let root = self.fleet.urls[sent.index].trim_end_matches("/v1").to_string();
             let body = json!({ "model": self.config.model, "prompt": text, "add_special_tokens": false });
             let response = self.client.post(format!("{root}/tokenize")).json(&body).send().await;
             let tokens = match response {

@@ -62,8 +62,13 @@ impl Section for ModelSection {
                 {
                     problems.push(ConfigProblem::new("chat_template.from", message));
                 }
-                if !config.base_url.starts_with("http://") && !config.base_url.starts_with("https://") {
-                    problems.push(ConfigProblem::new("base_url", "must be an http:// or https:// URL"));
+                for url in config.base_url.as_slice() {
+                    if !url.starts_with("http://") && !url.starts_with("https://") {
+                        problems.push(ConfigProblem::new(
+                            "base_url",
+                            format!("`{url}` must be an http:// or https:// URL"),
+                        ));
+                    }
                 }
                 problems.extend(ConfigProblem::size("max_concurrency", config.max_concurrency, 1..=4_096));
                 problems
@@ -74,7 +79,7 @@ impl Section for ModelSection {
     fn requirements(&self) -> Vec<Requirement> {
         match self {
             ModelSection::Openai(config) => {
-                let mut requirements = vec![model_server(config)];
+                let mut requirements = model_servers(config);
                 if let ServerTemplate::From(reference) = &config.chat_template
                     && models::HubReference::parse(reference).is_none()
                 {
@@ -93,19 +98,26 @@ impl Section for ModelSection {
     }
 }
 
-/// An OpenAI-compatible server must answer `GET /models` and list the model asked for.
-fn model_server(config: &OpenAiConfig) -> Requirement {
+/// Each OpenAI-compatible server must answer `GET /models` and list the model asked for.
+fn model_servers(config: &OpenAiConfig) -> Vec<Requirement> {
     let model = &config.model;
-    Requirement::server(
-        "base_url",
-        format!("{}/models", config.base_url.trim_end_matches('/')),
-        Some(model.clone()),
-        format!(
-            "start an OpenAI-compatible server that serves `{model}` at {} (vLLM: `vllm serve {model}`, SGLang: \
-             `python -m sglang.launch_server --model-path {model}`), or set this key to the URL of yours",
-            config.base_url
-        ),
-    )
+    config
+        .base_url
+        .as_slice()
+        .iter()
+        .map(|url| {
+            Requirement::server(
+                "base_url",
+                format!("{}/models", url.trim_end_matches('/')),
+                Some(model.clone()),
+                format!(
+                    "start an OpenAI-compatible server that serves `{model}` at {url} (vLLM: `vllm serve {model}`, \
+                     SGLang: `python -m sglang.launch_server --model-path {model}`), or set this key to the URL of \
+                     yours",
+                ),
+            )
+        })
+        .collect()
 }
 
 /// A local model must be a file or a name `sesa model fetch` knows.

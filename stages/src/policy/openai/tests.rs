@@ -51,7 +51,7 @@ async fn serve(app: Router) -> String {
 
 fn config(base_url: String) -> OpenAiConfig {
     OpenAiConfig {
-        base_url,
+        base_url: ServerUrls::one(base_url),
         model: "fake".into(),
         api_key_env: None,
         chat_template: ServerTemplate::Chatml,
@@ -175,6 +175,94 @@ async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
     assert!(generation.text.contains("capital of Veltria"), "{}", generation.text);
     // The first pause alone would be at most 0.5 s; the server asked for a second.
     assert!(waited >= std::time::Duration::from_secs(1), "retried after {waited:?}");
+}
+
+fn question(seed: u64) -> GenerationRequest {
+    GenerationRequest {
+        context: "What is the capital of Veltria?".into(),
+        context_ids: None,
+        max_tokens: 8,
+        stop: vec![],
+        sampling: Sampling::GREEDY,
+        seed,
+        json_schema: None,
+        ignore_eos: false,
+    }
+}
+
+/// A server that counts the completions it answered, each after `delay`, and after `dies_after`
+/// of them hangs (as a server whose process stopped while its socket stays open).
+async fn counting_server(delay_ms: u64, dies_after: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let app = Router::new().route(
+        "/v1/completions",
+        post(move |Json(body): Json<Value>| {
+            let counter = counter.clone();
+            async move {
+                if counter.fetch_add(1, Ordering::SeqCst) >= dies_after {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                plain_completions(Json(body)).await
+            }
+        }),
+    );
+    (serve(app).await, calls)
+}
+
+#[tokio::test]
+async fn a_fleet_of_servers_shares_the_requests() {
+    use std::sync::atomic::Ordering;
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(counting_server(50, usize::MAX).await);
+    }
+    let urls = ServerUrls::many(servers.iter().map(|(url, _)| url.clone()).collect()).unwrap();
+    let policy =
+        OpenAiPolicy::new(OpenAiConfig { base_url: urls, max_concurrency: 30, ..config(String::new()) }).await.unwrap();
+    let requests: Vec<GenerationRequest> = (0..30).map(question).collect();
+    let generations = policy.generate(&requests).await.unwrap();
+    assert!(generations.iter().all(|g| g.text.contains("capital of Veltria")));
+    let answered: Vec<usize> = servers.iter().map(|(_, calls)| calls.load(Ordering::SeqCst)).collect();
+    assert_eq!(answered.iter().sum::<usize>(), 30);
+    // All 30 are in flight together, so the fewest-in-flight rule deals them out evenly.
+    assert_eq!(answered, [10, 10, 10]);
+    assert_eq!(policy.servers().len(), 3);
+}
+
+#[tokio::test]
+async fn a_server_that_dies_mid_run_costs_a_retry_not_the_step() {
+    use std::sync::atomic::Ordering;
+    let (healthy, healthy_calls) = counting_server(10, usize::MAX).await;
+    let (dying, dying_calls) = counting_server(10, 2).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unreachable = format!("http://{}/v1", listener.local_addr().unwrap());
+    drop(listener);
+    let urls = ServerUrls::many(vec![unreachable, dying, healthy]).unwrap();
+    // No retries asked for: a request still tries every server once before it fails.
+    let config =
+        OpenAiConfig { base_url: urls, timeout_secs: 1.0, retries: 0, max_concurrency: 3, ..config(String::new()) };
+    let policy = OpenAiPolicy::new(config).await.unwrap();
+    let requests: Vec<GenerationRequest> = (0..12).map(question).collect();
+    let generations = policy.generate(&requests).await.unwrap();
+    assert_eq!(generations.len(), 12);
+    assert!(generations.iter().all(|g| g.text.contains("capital of Veltria")));
+    let (served_by_dying, healthy) = (dying_calls.load(Ordering::SeqCst).min(2), healthy_calls.load(Ordering::SeqCst));
+    assert_eq!(served_by_dying + healthy, 12, "every request answered once, by a live server");
+    assert!(served_by_dying >= 1, "the dying server answered before it died");
+}
+
+#[tokio::test]
+async fn a_list_of_urls_is_read_and_written_as_the_spec_has_it() {
+    let one: OpenAiConfig = serde_yaml::from_str("{base_url: 'http://a/v1', model: m}").unwrap();
+    assert_eq!(one.base_url.as_slice(), ["http://a/v1"]);
+    assert_eq!(serde_yaml::to_string(&one.base_url).unwrap().trim(), "http://a/v1");
+    let two: OpenAiConfig = serde_yaml::from_str("{base_url: ['http://a/v1', 'http://b/v1'], model: m}").unwrap();
+    assert_eq!(two.base_url.to_string(), "http://a/v1, http://b/v1");
+    let error = serde_yaml::from_str::<OpenAiConfig>("{base_url: [], model: m}").unwrap_err().to_string();
+    assert!(error.contains("empty"), "{error}");
 }
 
 /// Llama 3 Instruct's template, as its `tokenizer_config.json` holds it (the BOS token as an

@@ -33,6 +33,7 @@ use sesa_engine::StageError;
 use super::UpdateRow;
 use super::batch::RoleBatch;
 use crate::columns::Columns;
+use crate::policy::ServerUrls;
 use crate::selfplay::training::TrainedModel;
 use crate::train::{ClippedObjective, OptimizerConfig};
 
@@ -57,15 +58,17 @@ pub struct ExternalTrainer {
     /// Seconds the trainer may run before it is killed and the step fails.
     #[serde(default = "hour")]
     pub timeout_s: u64,
-    /// Run after a successful update, with `SESA_CHECKPOINT`, `SESA_POLICY_VERSION` and
-    /// `SESA_MODEL` (`model`, or `proposer_model` for the proposer's own) set: has the policy
-    /// servers load the new checkpoint, once per trained model.
+    /// Run after a successful update, with `SESA_CHECKPOINT`, `SESA_POLICY_VERSION`,
+    /// `SESA_MODEL` (`model`, or `proposer_model` for the proposer's own) and `SESA_SERVERS`
+    /// (the model's `base_url`s, space-separated) set: has every policy server load the new
+    /// checkpoint, once per trained model; a non-zero exit fails the step.
     #[serde(default)]
     pub reload_command: Option<Vec<String>>,
     /// POSTed `{"checkpoint": PATH, "version": N, "model": KEY}` after a successful update, once
-    /// per trained model.
+    /// per trained model; a list is POSTed to each in turn, and the first that fails fails the
+    /// step.
     #[serde(default)]
-    pub reload_url: Option<String>,
+    pub reload_url: Option<ServerUrls>,
 }
 
 fn hour() -> u64 {
@@ -277,25 +280,31 @@ impl ExternalTrainer {
         serde_json::from_slice(&text).map_err(|e| io("parsing", &manifest.result, e))
     }
 
-    /// Has the servers of `model` load `checkpoint` as `version`.
+    /// Has the servers of `model` (`servers`: its base URLs) load `checkpoint` as `version`.
     pub async fn reload(
         &self,
         model: TrainedModel,
+        servers: &[String],
         checkpoint: &str,
         version: u64,
         log: &Path,
     ) -> Result<(), StageError> {
         if let Some(command) = &self.reload_command {
-            let version_text = version.to_string();
+            let (version_text, servers_text) = (version.to_string(), servers.join(" "));
             let envs = [
                 ("SESA_CHECKPOINT", Path::new(checkpoint)),
                 ("SESA_POLICY_VERSION", Path::new(&version_text)),
                 ("SESA_MODEL", Path::new(model.key())),
+                ("SESA_SERVERS", Path::new(&servers_text)),
             ];
             run(command, &envs, log, Duration::from_secs(self.timeout_s)).await?;
         }
-        if let Some(url) = &self.reload_url {
-            let failed = |e: String| StageError::Failed(format!("reloading the policy at {url}: {e}"));
+        let urls = self.reload_url.as_ref().map(ServerUrls::as_slice).unwrap_or_default();
+        for (i, url) in urls.iter().enumerate() {
+            let failed = |e: String| {
+                let done = if i == 0 { String::new() } else { format!(" ({} did reload)", urls[..i].join(", ")) };
+                StageError::Failed(format!("reloading the policy at {url}: {e}{done}"))
+            };
             let response = reqwest::Client::new()
                 .post(url)
                 .json(&serde_json::json!({"checkpoint": checkpoint, "version": version, "model": model.key()}))
@@ -459,3 +468,6 @@ pub fn train_with_sesa(
     write_atomically(&manifest.result, &json).map_err(|e| e.to_string())?;
     Ok(TrainerResult { checkpoint, metrics })
 }
+
+#[cfg(test)]
+mod tests;

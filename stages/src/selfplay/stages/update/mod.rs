@@ -275,7 +275,7 @@ impl Stage for Update {
                 "install it, or name it by its path",
             ));
         }
-        if let Some(url) = &external.reload_url {
+        for url in external.reload_url.iter().flat_map(|urls| urls.as_slice()) {
             requirements.push(Requirement::server(
                 "external.reload_url",
                 url,
@@ -499,7 +499,9 @@ impl Update {
         // recorded, so a failed reload changes no state of this process.
         let serving = Instant::now();
         for (i, (model, _, parent, directory, result)) in trained.iter().enumerate() {
-            let reloaded = trainer.reload(*model, &result.checkpoint, parent + 1, &directory.join("reload.log")).await;
+            let servers = model.served_by(selfplay).servers().to_vec();
+            let log = directory.join("reload.log");
+            let reloaded = trainer.reload(*model, &servers, &result.checkpoint, parent + 1, &log).await;
             let ahead: Vec<TrainedModel> = trained[..i].iter().map(|(model, ..)| *model).collect();
             reloaded.map_err(|e| naming_servers_ahead(e, &ahead, &latest))?;
         }
