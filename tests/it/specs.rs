@@ -516,6 +516,38 @@ fn a_proposer_model_that_cannot_be_trained_in_process_is_refused_before_the_run(
     );
 }
 
+/// One GPU: mistral.rs serves in process and reloads what an external trainer writes, so that
+/// spec validates; trained in process it is refused. A fleet of servers is checked URL by URL.
+#[test]
+fn mistralrs_with_an_external_trainer_validates_and_a_fleet_is_checked_url_by_url() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let validate = |model: &str, update: &str| {
+        let mut args =
+            vec!["validate", "specs/quickstart.yaml", "--set", "model=null", "--set", model, "--set", update];
+        for set in ["stages.before=null", "stages.warmup=null", "stages.after=null", "stages.propose.after=[priming]"] {
+            args.extend(["--set", set]);
+        }
+        let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let mistralrs = "model={backend: mistralrs, model: smollm2-135m-instruct}";
+    let external = "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}, external: {command: [sh], dir: ext}}";
+    let (code, text) = validate(mistralrs, external);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) =
+        validate(mistralrs, "stages.update={kind: update, after: [consolidate], optimizer: {lr: 1.0e-6}}");
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("trains `model:` in process, which needs `backend: candle` there"), "{text}");
+
+    let fleet = "model={backend: openai, base_url: ['http://127.0.0.1:9/v1', 'gpu-2:8000/v1'], model: m}";
+    let (code, text) = validate(fleet, &external.replace("dir: ext", "dir: ext, reload_command: [sh]"));
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("model.base_url: `gpu-2:8000/v1` must be an http:// or https:// URL"), "{text}");
+    let (_, text) = validate(&fleet.replace("'gpu-2:8000/v1'", "'http://127.0.0.1:9/v2'"), external);
+    assert!(text.contains("nothing tells the server of `model:` to load the trainer's checkpoints"), "{text}");
+    assert!(text.contains("127.0.0.1:9/v1/models") && text.contains("127.0.0.1:9/v2/models"), "each server: {text}");
+}
+
 /// An external trainer starts from the initial weights it is configured with: after a warm
 /// start in process it would throw the warm start away.
 #[test]

@@ -474,12 +474,9 @@ fn misplaced_training(spec: &Spec) -> Vec<ConfigProblem> {
             let told = trainer.reload_command.is_some() || trainer.reload_url.is_some();
             for (key, section) in &models {
                 external.push((stage.name.as_str(), *key));
+                // The in-process backends load the trainer's checkpoint themselves.
                 let problem = match section {
-                    ModelSection::Candle(_) => continue,
-                    ModelSection::Mistralrs(_) => format!(
-                        "`{key}:` is served by mistral.rs in process, which cannot load an external trainer's \
-                         checkpoints: serve it with mistralrs-server through `backend: openai`"
-                    ),
+                    ModelSection::Candle(_) | ModelSection::Mistralrs(_) => continue,
                     ModelSection::Openai(_) if !told => format!(
                         "nothing tells the server of `{key}:` to load the trainer's checkpoints: set `reload_command` \
                          or `reload_url`"

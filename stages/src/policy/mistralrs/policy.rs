@@ -1,12 +1,13 @@
 //! The mistral.rs engine behind the [`Policy`] trait (built with the `mistralrs` feature).
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::future::BoxFuture;
 use mistralrs::core::{
     AddModelConfig, AutoDeviceMapParams, DeviceMapSetting, EngineConfig, GGUFLoaderBuilder, GGUFSpecificConfig,
-    TokenSource,
+    IsqOrganization, Loader, NormalLoaderBuilder, NormalSpecificConfig, TokenSource,
 };
 use mistralrs::{
     Constraint, CustomLogitsProcessor, DefaultSchedulerMethod, Device, ModelDType, NormalRequest, Request,
@@ -70,14 +71,19 @@ pub struct MistralRsPolicy {
     name: String,
     /// The GGUF's own chat template, or ChatML.
     chat: ChatFormat,
-    instances: Vec<mistralrs::Model>,
+    device: Device,
+    /// The engines; an external trainer's checkpoint replaces them all (between steps, when
+    /// no request is in flight; a request holds the set it started on).
+    instances: RwLock<Arc<Vec<mistralrs::Model>>>,
     free: Mutex<Vec<usize>>,
     available: tokio::sync::Semaphore,
+    version: AtomicU64,
 }
 
 impl std::fmt::Debug for MistralRsPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MistralRsPolicy({}, {} instances)", self.name, self.instances.len())
+        let count = self.instances.read().expect("instances lock").len();
+        write!(f, "MistralRsPolicy({}, {count} instances)", self.name)
     }
 }
 
@@ -85,53 +91,87 @@ fn backend_error(name: &str, message: impl std::fmt::Display) -> PolicyError {
     PolicyError::Backend { name: name.to_string(), message: message.to_string() }
 }
 
-impl MistralRsPolicy {
-    /// Loads `instances` copies of the GGUF file at `path` on the CPU, in F32.
-    pub async fn load(path: &Path, instances: usize) -> Result<MistralRsPolicy, PolicyError> {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
-        let directory = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-        let directory = std::fs::canonicalize(&directory)
-            .map_err(|e| backend_error(&name, format!("{}: {e}", directory.display())))?;
-        let mut models = Vec::new();
-        for _ in 0..instances.max(1) {
-            let loader = GGUFLoaderBuilder::new(
+/// What an engine is built from.
+enum Weights<'a> {
+    /// A GGUF file (its own quantized types).
+    Gguf(&'a Path),
+    /// A Hugging Face directory (config.json, safetensors, tokenizer.json): a trainer's checkpoint.
+    HuggingFace(&'a Path),
+}
+
+/// A loader of `weights` (mistral.rs loaders build one pipeline each).
+fn loader(weights: &Weights) -> Result<Box<dyn Loader>, String> {
+    let canonical = |path: &Path| std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()));
+    match weights {
+        Weights::Gguf(path) => {
+            let file = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+            let directory = canonical(path.parent().unwrap_or(Path::new(".")))?;
+            let config = GGUFSpecificConfig { topology: None };
+            Ok(GGUFLoaderBuilder::new(None, None, directory.display().to_string(), vec![file], config, false, None)
+                .build())
+        }
+        Weights::HuggingFace(directory) => {
+            let config = NormalSpecificConfig {
+                topology: None,
+                organization: IsqOrganization::Default,
+                write_uqff: None,
+                from_uqff: None,
+                imatrix: None,
+                calibration_file: None,
+                hf_cache_path: None,
+                matformer_config_path: None,
+                matformer_slice_name: None,
+            };
+            let directory = canonical(directory)?.display().to_string();
+            NormalLoaderBuilder::new(config, None, None, Some(directory), false, None)
+                .build(None)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// `count` engines of `weights` on `device`, in F32.
+async fn engines(weights: Weights<'_>, count: usize, device: &Device) -> Result<Vec<mistralrs::Model>, String> {
+    let path = match weights {
+        Weights::Gguf(path) | Weights::HuggingFace(path) => path,
+    };
+    let mut models = Vec::new();
+    for _ in 0..count.max(1) {
+        let pipeline = loader(&weights)?
+            .load_model_from_hf(
                 None,
+                TokenSource::None,
+                &ModelDType::F32,
+                device,
+                true,
+                DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
                 None,
-                directory.display().to_string(),
-                vec![name.clone()],
-                GGUFSpecificConfig { topology: None },
-                false,
                 None,
             )
-            .build();
-            let pipeline = loader
-                .load_model_from_hf(
-                    None,
-                    TokenSource::None,
-                    &ModelDType::F32,
-                    &Device::Cpu,
-                    true,
-                    DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
-                    None,
-                    None,
-                )
-                .map_err(|e| backend_error(&name, format!("loading {}: {e}", path.display())))?;
-            let scheduler = SchedulerConfig::DefaultScheduler {
-                method: DefaultSchedulerMethod::Fixed(1.try_into().expect("1 is not zero")),
-            };
-            // The prefix cache makes a context's logits depend on what was computed before
-            // (chunked versus whole prefill), which breaks "same seed, same trajectory".
-            let engine =
-                EngineConfig { throughput_logging_enabled: false, no_prefix_cache: true, ..EngineConfig::default() };
-            models.push(
-                mistralrs::model_builder_trait::build_model_from_pipeline(
-                    pipeline,
-                    scheduler,
-                    AddModelConfig::new(engine),
-                )
+            .map_err(|e| format!("loading {}: {e}", path.display()))?;
+        let scheduler = SchedulerConfig::DefaultScheduler {
+            method: DefaultSchedulerMethod::Fixed(1.try_into().expect("1 is not zero")),
+        };
+        // The prefix cache makes a context's logits depend on what was computed before
+        // (chunked versus whole prefill), which breaks "same seed, same trajectory".
+        let engine =
+            EngineConfig { throughput_logging_enabled: false, no_prefix_cache: true, ..EngineConfig::default() };
+        models.push(
+            mistralrs::model_builder_trait::build_model_from_pipeline(pipeline, scheduler, AddModelConfig::new(engine))
                 .await,
-            );
-        }
+        );
+    }
+    Ok(models)
+}
+
+impl MistralRsPolicy {
+    /// Loads `instances` copies of the GGUF file at `path` in F32: on the first GPU when built
+    /// with `cuda` and one is there, else on the CPU.
+    pub async fn load(path: &Path, instances: usize) -> Result<MistralRsPolicy, PolicyError> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+        let device = Device::cuda_if_available(0).map_err(|e| backend_error(&name, format!("opening the GPU: {e}")))?;
+        tracing::info!(model = %name, device = ?device.location(), "mistral.rs loads the model");
+        let models = engines(Weights::Gguf(path), instances, &device).await.map_err(|e| backend_error(&name, e))?;
         let count = models.len();
         let chat = crate::policy::candle::gguf_template_source(path)
             .map_err(|e| backend_error(&name, e))?
@@ -139,9 +179,11 @@ impl MistralRsPolicy {
         Ok(MistralRsPolicy {
             name,
             chat,
-            instances: models,
+            device,
+            instances: RwLock::new(Arc::new(models)),
             free: Mutex::new((0..count).collect()),
             available: tokio::sync::Semaphore::new(count),
+            version: AtomicU64::new(0),
         })
     }
 
@@ -151,7 +193,12 @@ impl MistralRsPolicy {
 
     /// The text of `ids`, special tokens skipped.
     pub async fn decode(&self, ids: &[u32]) -> Result<String, PolicyError> {
-        self.detokenize(&self.instances[0], ids).await
+        let instances = self.engines();
+        self.detokenize(&instances[0], ids).await
+    }
+
+    fn engines(&self) -> Arc<Vec<mistralrs::Model>> {
+        self.instances.read().expect("instances lock").clone()
     }
 
     async fn continue_one(
@@ -252,9 +299,24 @@ impl Policy for MistralRsPolicy {
         self.chat.render(messages)
     }
 
+    fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    /// Rebuilds every engine from the checkpoint (a Hugging Face directory) on the same device.
+    fn reloaded(&self, version: u64, checkpoint: &Path) -> Result<(), PolicyError> {
+        let count = self.engines().len();
+        let built =
+            tokio::runtime::Handle::current().block_on(engines(Weights::HuggingFace(checkpoint), count, &self.device));
+        *self.instances.write().expect("instances lock") = Arc::new(built.map_err(|e| backend_error(&self.name, e))?);
+        self.version.store(version, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>> {
         Box::pin(async move {
-            let ids = self.instances[0]
+            let instances = self.engines();
+            let ids = instances[0]
                 .tokenize(either::Either::Right(text.to_string()), None, false, false, None)
                 .await
                 .map_err(|e| backend_error(&self.name, e))?;
@@ -270,7 +332,8 @@ impl Policy for MistralRsPolicy {
             let runs = requests.iter().map(|request| async move {
                 let _permit = self.available.acquire().await.map_err(|e| backend_error(&self.name, e))?;
                 let index = self.free.lock().expect("pool lock").pop().expect("a permit means a free instance");
-                let result = self.continue_one(&self.instances[index], request).await;
+                let instances = self.engines();
+                let result = self.continue_one(&instances[index], request).await;
                 self.free.lock().expect("pool lock").push(index);
                 result
             });

@@ -93,3 +93,46 @@ async fn the_solver_on_hotpotqa_records_exact_reproducible_trajectories() {
         }
     }
 }
+
+/// An external trainer's checkpoint (a Hugging Face directory, here the GGUF's weights written
+/// in F32) served after a reload: mistral.rs then gives the `candle` backend's greedy tokens on
+/// the same weights, with log-probabilities equal to float tolerance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reload_mistralrs_serves_the_checkpoint_as_candle_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("checkpoint");
+    let files = crate::policy::ModelFiles::read(&crate::policy::testing::smollm2_gguf()).unwrap();
+    files.export(&files.weights, &checkpoint).unwrap();
+    let config = crate::policy::CandleConfig {
+        model: checkpoint.display().to_string(),
+        cache_tokens: 4096,
+        policy_version: 0,
+        dtype: Default::default(),
+        kv_cache_dtype: Default::default(),
+    };
+    let candle = crate::policy::CandlePolicy::load(&checkpoint, &config).unwrap();
+
+    let policy = Arc::new(smollm2(1).await);
+    let questions = ["What is the capital of France?", "Who wrote Hamlet?"];
+    let before = policy.generate(&[greedy(&policy, questions[0])]).await.unwrap().remove(0);
+    let moved = policy.clone();
+    tokio::task::spawn_blocking(move || moved.reloaded(1, &checkpoint)).await.unwrap().unwrap();
+    assert_eq!(policy.version(), 1);
+    for question in questions {
+        let ours = policy.generate(&[greedy(&policy, question)]).await.unwrap().remove(0);
+        let theirs = candle.generate(&[greedy(&policy, question)]).await.unwrap().remove(0);
+        assert_eq!(ours.token_ids, theirs.token_ids, "{question}: {:?} vs {:?}", ours.text, theirs.text);
+        let gap = ours
+            .logprobs
+            .unwrap()
+            .iter()
+            .zip(theirs.logprobs.unwrap())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{question}: {} tokens, log-probabilities differ by up to {gap}", theirs.token_ids.unwrap().len());
+        assert!(gap < 1e-3, "{question}: log-probabilities differ by up to {gap}");
+    }
+    // The GGUF's quantized products served before: the checkpoint's F32 weights are what changed.
+    let after = policy.generate(&[greedy(&policy, questions[0])]).await.unwrap().remove(0);
+    assert!(before.logprobs != after.logprobs, "the reload changed nothing the policy serves");
+}
