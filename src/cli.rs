@@ -322,9 +322,11 @@ enum ModelCommand {
     /// List the known models and whether they are fetched.
     List,
     /// Write a run's trained policy as a Hugging Face directory (config.json,
-    /// model.safetensors, tokenizer.json) that transformers, vLLM and the `candle` backend load.
+    /// model.safetensors, tokenizer.json) that transformers, vLLM and the `candle` backend load;
+    /// or a local model's weights (a GGUF dequantized to F32), as an external trainer's start.
     Export {
-        /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`.
+        /// The run: `runs/<run-id>` or `s3://bucket/prefix/<run-id>`; or a GGUF file or a
+        /// known model's name.
         run: String,
         /// The policy version (default: the last; see the run's `policy_versions` table).
         #[arg(long)]

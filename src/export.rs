@@ -1,4 +1,4 @@
-//! `sesa model export`: a run's trained policy as a Hugging Face directory.
+//! `sesa model export`: a run's trained policy, or a local model, as a Hugging Face directory.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,7 +11,9 @@ use sesa_stages::selfplay::TrainerSection;
 use sesa_stages::selfplay::training::{TrainedModel, weights_at};
 
 /// Writes version `version` (the last when `None`) of `model`'s weights in the run at `run`
-/// into `out`.
+/// into `out`; or, where `run` names a local model (a GGUF file, a known model's name), that
+/// model's weights as loaded (a GGUF's dequantized to F32), for trainers that read Hugging Face
+/// directories.
 pub async fn export(
     run: &str,
     model: TrainedModel,
@@ -19,6 +21,20 @@ pub async fn export(
     out: &Path,
     registry: &Registry,
 ) -> Result<u8> {
+    if Path::new(run).is_file() || sesa_stages::models::KNOWN_MODELS.iter().any(|m| m.name == run) {
+        if version.is_some() || model != TrainedModel::Model {
+            bail!("`{run}` is a model, not a run: it has no policy versions and no proposer model");
+        }
+        let source = sesa_stages::sections::local_model(run).await?;
+        let files =
+            tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
+        let target = out.to_path_buf();
+        tokio::task::spawn_blocking(move || files.export(&files.weights, &target))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        println!("{}: model `{run}` (config.json, model.safetensors in F32, tokenizer.json)", out.display());
+        return Ok(0);
+    }
     let (root, run_id) = crate::cli::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
     let opened = Run::inspect(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;

@@ -19,6 +19,15 @@ When the spec gives the proposer its own model (`proposer_model:`), sesa runs th
 per model and each manifest's "model" says which ("model" or "proposer_model"): the proposer's
 starts from --proposer-model.
 
+Under torchrun it trains data-parallel: each of the N processes takes every N-th trajectory of
+each mini-batch, the gradients are summed across processes before every optimizer step (NCCL on
+GPUs, gloo on CPUs), and the token mean is over the whole mini-batch, so the N processes take the
+same steps as one (to float rounding) and hold the same weights; rank 0 writes the checkpoint and
+result.json. Every process holds the whole model (plain data parallelism: a model too large for
+one GPU needs FSDP, as verl has).
+
+    torchrun --nproc_per_node 8 grpo_trainer.py --model INITIAL_HF_DIR MANIFEST
+
 Like `sesa train-external`, it keeps no optimizer state between steps (AdamW starts afresh);
 a trainer that runs for the whole run would keep it.
 """
@@ -31,6 +40,7 @@ import sys
 
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
@@ -55,12 +65,13 @@ def lr_at(optimizer, step, total):
 def token_logprobs(model, rows, temperature):
     """Per row, the log-probabilities of its trained response tokens (loss mask 1)."""
     out = []
+    device = next(model.parameters()).device
     for row in rows:
-        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]], device=device)
         logits = model(ids).logits[0, :-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
         start = len(row["prompt_ids"]) - 1
-        mask = torch.tensor(row["loss_mask"], dtype=torch.bool)
+        mask = torch.tensor(row["loss_mask"], dtype=torch.bool, device=device)
         out.append(logp[start:][mask])
     return out
 
@@ -87,9 +98,27 @@ def main():
     parser.add_argument("--proposer-model", help="the proposer's own initial model, for manifests of `proposer_model`")
     parser.add_argument("--result", help="override the manifest's result path")
     parser.add_argument("--checkpoint-dir", help="override the manifest's checkpoint directory")
+    parser.add_argument("--device", help="cuda or cpu (default: cuda when PyTorch sees a GPU)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    # F32 products in full precision on the GPU too (no TF32), so its numbers match sesa's.
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def summed(values, op=None):
+        """`values` (floats) summed (or reduced by `op`) over the processes."""
+        if world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+        return t.tolist()
 
     manifest = json.load(open(args.manifest))
     if manifest["contract"] not in (1, 2):
@@ -107,11 +136,11 @@ def main():
     checkpoint_dir = args.checkpoint_dir or manifest["checkpoint_dir"]
     table = pq.read_table(manifest["batch"]).to_pylist()
     start = manifest.get("previous_checkpoint") or initial
-    model = AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(start, torch_dtype=torch.float32).to(device)
     loss_settings, optimizer_settings = manifest["loss"], manifest["optimizer"]
     reference = None
     if loss_settings["kl_coef"] > 0:
-        reference = AutoModelForCausalLM.from_pretrained(initial, torch_dtype=torch.float32).eval()
+        reference = AutoModelForCausalLM.from_pretrained(initial, torch_dtype=torch.float32).to(device).eval()
     betas = optimizer_settings.get("betas", [0.9, 0.999])
     adam = torch.optim.AdamW(
         model.parameters(),
@@ -129,11 +158,17 @@ def main():
         if not rows or all(r["advantage"] == 0 for r in rows):
             metrics[role] = {"optimizer_steps": 0}
             continue
+        # This process's share: every world-th trajectory.
+        mine = [i for i in range(len(rows)) if i % world == rank]
         with torch.no_grad():
-            old = token_logprobs(model, rows, temperature)
-            ref = token_logprobs(reference, rows, temperature) if reference is not None else [None] * len(rows)
-        gap = [abs(o - torch.tensor(r["old_logprobs"])[torch.tensor(r["loss_mask"], dtype=torch.bool)]) for o, r in zip(old, rows)]
-        gap = torch.cat(gap) if gap else torch.zeros(1)
+            old = dict(zip(mine, token_logprobs(model, [rows[i] for i in mine], temperature)))
+            ref = {}
+            if reference is not None:
+                ref = dict(zip(mine, token_logprobs(reference, [rows[i] for i in mine], temperature)))
+        gaps = [abs(old[i].cpu() - torch.tensor(rows[i]["old_logprobs"])[torch.tensor(rows[i]["loss_mask"], dtype=torch.bool)]) for i in mine]
+        gap = torch.cat(gaps) if gaps else torch.zeros(0)
+        gap_sum, gap_count = summed([gap.sum().item(), float(gap.numel())])
+        (gap_max,) = summed([gap.max().item() if gap.numel() else 0.0], dist.ReduceOp.MAX if world > 1 else None)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "grad_norm": 0.0, "lr": 0.0}
         steps = 0
         for _ in range(epochs):
@@ -142,36 +177,54 @@ def main():
                 lr = lr_at(optimizer_settings, step, total)
                 for group in adam.param_groups:
                     group["lr"] = lr
-                current = token_logprobs(model, [rows[i] for i in chunk], temperature)
-                tokens = sum(len(c) for c in current)
-                terms = [clipped_loss(c, old[i], ref[i], rows[i]["advantage"], loss_settings) for c, i in zip(current, chunk)]
-                loss = sum(t[0].sum() for t in terms) / tokens
+                local = [i for i in chunk if i % world == rank]
+                current = token_logprobs(model, [rows[i] for i in local], temperature)
+                # The token mean over the whole mini-batch, whichever process holds a token.
+                (tokens,) = summed([float(sum(len(c) for c in current))])
+                terms = [clipped_loss(c, old[i], ref.get(i), rows[i]["advantage"], loss_settings) for c, i in zip(current, local)]
                 adam.zero_grad()
-                loss.backward()
+                if terms:
+                    loss = sum(t[0].sum() for t in terms) / tokens
+                    loss.backward()
+                if world > 1:
+                    for parameter in model.parameters():
+                        if parameter.grad is None:
+                            parameter.grad = torch.zeros_like(parameter)
+                        dist.all_reduce(parameter.grad)
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optimizer_settings.get("clip_norm", 0) or float("inf"))
                 adam.step()
                 steps += 1
-                sums["loss"] += loss.item()
-                sums["pg_loss"] += sum(t[1].sum() for t in terms).item() / tokens
-                sums["kl"] += sum(t[2].sum() for t in terms).item() / tokens
-                sums["clip_fraction"] += sum(t[3].sum() for t in terms).item() / tokens
-                sums["entropy"] += -sum(c.sum() for c in current).item() / tokens
+                parts = [sum(t[k].sum().item() for t in terms) for k in range(4)] + [-sum(c.sum().item() for c in current)]
+                loss_sum, pg_sum, kl_sum, clipped_sum, entropy_sum = summed(parts)
+                sums["loss"] += loss_sum / tokens
+                sums["pg_loss"] += pg_sum / tokens
+                sums["kl"] += kl_sum / tokens
+                sums["clip_fraction"] += clipped_sum / tokens
+                sums["entropy"] += entropy_sum / tokens
                 sums["grad_norm"] += float(norm)
                 sums["lr"] += lr
         metrics[role] = {k: v / steps for k, v in sums.items()}
         metrics[role].update(
             optimizer_steps=steps,
             tokens=sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows) * epochs,
-            logprob_gap=gap.mean().item(),
-            logprob_gap_max=gap.max().item(),
+            logprob_gap=gap_sum / max(gap_count, 1.0),
+            logprob_gap_max=gap_max,
         )
-    model.save_pretrained(checkpoint_dir, safe_serialization=True)
+    if rank != 0:
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    model.cpu().save_pretrained(checkpoint_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(initial).save_pretrained(checkpoint_dir)
     partial = result_path + ".partial"
     json.dump({"checkpoint": checkpoint_dir, "metrics": metrics}, open(partial, "w"), indent=2)
     os.replace(partial, result_path)
+    print(f"trained on {device}" + (f", {world} processes" if world > 1 else ""))
     for role, m in metrics.items():
         print(f"{role}: " + ", ".join(f"{k} {v:.6g}" for k, v in m.items()))
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

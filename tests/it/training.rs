@@ -659,3 +659,25 @@ fn portable_kernels_sample_the_same_trajectory_as_the_vector_ones() {
     assert!(best.contains("turns,") && best.ends_with("tokens generated"), "{best}");
     assert_eq!(ask("portable"), best, "SESA_KERNELS=portable");
 }
+
+/// `sesa model export` of a model rather than a run: the GGUF's weights (dequantized) as a
+/// Hugging Face directory, what an external trainer starts from; read back, the same weights.
+#[test]
+fn a_model_exports_as_the_weights_it_is_loaded_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = sesa_stages::models::fetch(&sesa_stages::models::sesa_home(), "smollm2-135m-instruct")
+        .unwrap()
+        .join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = dir.path().join("hf");
+    let export = |extra: &[&str]| {
+        let mut args = vec!["model", "export", gguf.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        args.extend(extra);
+        run_sesa_with(ChildRegistry::Stages, &args, dir.path())
+    };
+    let output = export(&[]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(ModelFiles::read(&out).unwrap().weights == ModelFiles::read(&gguf).unwrap().weights);
+    let output = export(&["--version", "1"]);
+    assert_ne!(output.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("is a model, not a run"), "{output:?}");
+}
