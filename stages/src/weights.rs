@@ -285,7 +285,7 @@ impl LlamaWeights {
             vocabulary: number("vocab_size")?,
             context: number("max_position_embeddings")?,
             eps: config["rms_norm_eps"].as_f64().unwrap_or(1e-5) as f32,
-            rope_base: config["rope_theta"].as_f64().unwrap_or(10_000.0) as f32,
+            rope_base: rope_theta(&config).unwrap_or(10_000.0) as f32,
         };
         shape.check()?;
         let path = dir.join("model.safetensors");
@@ -382,6 +382,12 @@ impl LlamaWeights {
     pub fn output_matrix(&self) -> &[f32] {
         self.output.as_deref().unwrap_or(&self.embedding)
     }
+}
+
+/// A Hugging Face config's RoPE base: `rope_theta`, or where transformers 5 writes it,
+/// `rope_parameters.rope_theta`.
+pub fn rope_theta(config: &serde_json::Value) -> Option<f64> {
+    config["rope_theta"].as_f64().or_else(|| config["rope_parameters"]["rope_theta"].as_f64())
 }
 
 /// Rows of `heads` heads from the half-rotation layout (`j·d/2 + i`) to the interleaved one
@@ -484,11 +490,20 @@ mod tests {
 
     #[test]
     fn weights_survive_the_hugging_face_layout() {
-        let weights = testing::random(testing::tiny_shape(), true, 3);
+        // Not the default base, so that a base read from the wrong key shows.
+        let shape = LlamaShape { rope_base: 100_000.0, ..testing::tiny_shape() };
+        let weights = testing::random(shape, true, 3);
         let dir = tempfile::tempdir().unwrap();
         weights.save_hf(dir.path(), Some(1), Some(2)).unwrap();
         assert_eq!(LlamaWeights::load_hf(dir.path()).unwrap(), weights);
-        std::fs::write(dir.path().join("config.json"), "{}").unwrap();
+        // transformers 5 writes the RoPE base inside `rope_parameters`.
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let theta = config.as_object_mut().unwrap().remove("rope_theta").unwrap();
+        config["rope_parameters"] = serde_json::json!({"rope_theta": theta, "rope_type": "default"});
+        std::fs::write(&path, config.to_string()).unwrap();
+        assert_eq!(LlamaWeights::load_hf(dir.path()).unwrap(), weights);
+        std::fs::write(&path, "{}").unwrap();
         let error = LlamaWeights::load_hf(dir.path()).unwrap_err().to_string();
         assert!(error.contains("config.json") && error.contains("hidden_size"), "{error}");
     }

@@ -1,6 +1,6 @@
 //! The mistral.rs engine behind the [`Policy`] trait (built with the `mistralrs` feature).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -92,6 +92,7 @@ fn backend_error(name: &str, message: impl std::fmt::Display) -> PolicyError {
 }
 
 /// What an engine is built from.
+#[derive(Clone, Copy)]
 enum Weights<'a> {
     /// A GGUF file (its own quantized types).
     Gguf(&'a Path),
@@ -130,8 +131,50 @@ fn loader(weights: &Weights) -> Result<Box<dyn Loader>, String> {
     }
 }
 
+/// mistral.rs 0.8.1 reads a llama's RoPE base from `rope_theta`, which transformers 5 writes
+/// inside `rope_parameters` (the reference trainer's checkpoints): such a checkpoint is read
+/// through a directory of links to its files with the key put back, `None` when none is needed.
+fn with_rope_theta(checkpoint: &Path) -> Result<Option<PathBuf>, String> {
+    static SHADOWS: AtomicU64 = AtomicU64::new(0);
+    let path = checkpoint.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let theta = match crate::weights::rope_theta(&config) {
+        Some(theta) if config.get("rope_theta").is_none() => theta,
+        _ => return Ok(None),
+    };
+    config["rope_theta"] = serde_json::json!(theta);
+    let number = SHADOWS.fetch_add(1, Ordering::SeqCst);
+    let shadow = std::env::temp_dir().join(format!("sesa-checkpoint-{}-{number}", std::process::id()));
+    let io = |e: std::io::Error| format!("{}: {e}", shadow.display());
+    std::fs::create_dir_all(&shadow).map_err(io)?;
+    for entry in std::fs::read_dir(checkpoint).map_err(|e| format!("{}: {e}", checkpoint.display()))? {
+        let entry = entry.map_err(io)?;
+        if entry.file_name() != "config.json" {
+            let target = std::fs::canonicalize(entry.path()).map_err(io)?;
+            std::os::unix::fs::symlink(target, shadow.join(entry.file_name())).map_err(io)?;
+        }
+    }
+    std::fs::write(shadow.join("config.json"), config.to_string()).map_err(io)?;
+    Ok(Some(shadow))
+}
+
 /// `count` engines of `weights` on `device`, in F32.
 async fn engines(weights: Weights<'_>, count: usize, device: &Device) -> Result<Vec<mistralrs::Model>, String> {
+    let shadow = match weights {
+        Weights::HuggingFace(checkpoint) => with_rope_theta(checkpoint)?,
+        Weights::Gguf(_) => None,
+    };
+    let built = build_engines(shadow.as_deref().map_or(weights, Weights::HuggingFace), count, device).await;
+    // The engines hold the weights now (the links' targets stay where the trainer wrote them).
+    if let Some(shadow) = shadow {
+        let _ = std::fs::remove_dir_all(shadow);
+    }
+    built
+}
+
+async fn build_engines(weights: Weights<'_>, count: usize, device: &Device) -> Result<Vec<mistralrs::Model>, String> {
     let path = match weights {
         Weights::Gguf(path) | Weights::HuggingFace(path) => path,
     };
@@ -166,10 +209,14 @@ async fn engines(weights: Weights<'_>, count: usize, device: &Device) -> Result<
 
 impl MistralRsPolicy {
     /// Loads `instances` copies of the GGUF file at `path` in F32: on the first GPU when built
-    /// with `cuda` and one is there, else on the CPU.
+    /// with `cuda` and one is there, else on the CPU (a `cuda` build on a machine without a
+    /// usable GPU says so and goes on, as the other builds do).
     pub async fn load(path: &Path, instances: usize) -> Result<MistralRsPolicy, PolicyError> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
-        let device = Device::cuda_if_available(0).map_err(|e| backend_error(&name, format!("opening the GPU: {e}")))?;
+        let device = Device::cuda_if_available(0).unwrap_or_else(|e| {
+            tracing::warn!(model = %name, "no GPU to use ({e}): mistral.rs runs on the CPU");
+            Device::Cpu
+        });
         tracing::info!(model = %name, device = ?device.location(), "mistral.rs loads the model");
         let models = engines(Weights::Gguf(path), instances, &device).await.map_err(|e| backend_error(&name, e))?;
         let count = models.len();

@@ -95,14 +95,22 @@ async fn the_solver_on_hotpotqa_records_exact_reproducible_trajectories() {
 }
 
 /// An external trainer's checkpoint (a Hugging Face directory, here the GGUF's weights written
-/// in F32) served after a reload: mistral.rs then gives the `candle` backend's greedy tokens on
-/// the same weights, with log-probabilities equal to float tolerance.
+/// in F32, its config in transformers 5's layout as the reference trainer writes it) served after
+/// a reload: mistral.rs then gives the `candle` backend's greedy tokens on the same weights, with
+/// log-probabilities equal to float tolerance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reload_mistralrs_serves_the_checkpoint_as_candle_does() {
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("checkpoint");
     let files = crate::policy::ModelFiles::read(&crate::policy::testing::smollm2_gguf()).unwrap();
     files.export(&files.weights, &checkpoint).unwrap();
+    // transformers 5 keeps SmolLM2's RoPE base (100,000, not the default) in `rope_parameters`.
+    let config_path = checkpoint.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    let theta = config.as_object_mut().unwrap().remove("rope_theta").unwrap();
+    assert_eq!(theta, serde_json::json!(100_000.0));
+    config["rope_parameters"] = serde_json::json!({"rope_theta": theta, "rope_type": "default"});
+    std::fs::write(&config_path, config.to_string()).unwrap();
     let config = crate::policy::CandleConfig {
         model: checkpoint.display().to_string(),
         cache_tokens: 4096,
