@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sesa_stages::data::datasets::load_questions;
+use sesa_stages::sections::ModelSection;
 
 /// `sesa bench-rollouts`: solver trajectories with real search, against the same tokens
 /// replayed without the loop (what the loop adds) and against raw generation of as many tokens
@@ -21,7 +22,6 @@ pub async fn bench_rollouts(
     use std::collections::BTreeMap;
 
     use sesa_stages::agent::{Episode, Role};
-    use sesa_stages::policy::GenerationRequest;
     use sesa_stages::sections::AgentSetup;
 
     let pipeline = sesa_engine::load_pipeline(spec_path, overrides, registry)?;
@@ -77,42 +77,9 @@ pub async fn bench_rollouts(
     let searches: Vec<u64> =
         results.iter().flat_map(|t| &t.turns).filter(|t| t.query.is_some()).map(|t| t.search_ms).collect();
 
-    let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64, ignore_eos: bool| {
-        GenerationRequest { ignore_eos, ..plain_request(context, context_ids, max_tokens, sampling, seed) }
-    };
-    // Raw generation of the same number of tokens per trajectory from the same prompts (no
-    // tool results), on a freshly loaded policy, as llama-batched-bench runs it: the prompt
-    // and first token, then the rest from there (after EOS too).
-    let raw_policy = AgentSetup::from_spec(spec).await?.policy;
-    let firsts: Vec<GenerationRequest> =
-        episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed, true)).collect();
-    let clock = Instant::now();
-    let first = raw_policy.generate(&firsts).await?;
-    let prefill_seconds = clock.elapsed().as_secs_f64();
-    let mut rests = Vec::new();
-    for ((episode, trajectory), first) in episodes.iter().zip(&results).zip(&first) {
-        let remaining = trajectory.generated_tokens().saturating_sub(1);
-        if remaining == 0 {
-            continue;
-        }
-        let ids = match (raw_policy.tokenize(&episode.prompt).await?, &first.token_ids) {
-            (Some(mut prompt), Some(picked)) => Some({
-                prompt.extend(picked);
-                prompt
-            }),
-            _ => None,
-        };
-        rests.push(request(format!("{}{}", episode.prompt, first.text), ids, remaining, episode.seed, true));
-    }
-    let clock = Instant::now();
-    let rest = raw_policy.generate(&rests).await?;
-    let decode_seconds = clock.elapsed().as_secs_f64();
-    let count = |g: &[sesa_stages::policy::Generation]| -> usize {
-        g.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum()
-    };
-    let (first_tokens, decode_tokens) = (count(&first), count(&rest));
-    let raw_seconds = prefill_seconds + decode_seconds;
-    let raw_tokens = first_tokens + decode_tokens;
+    // mistral.rs cannot generate past end-of-sequence, which raw generation of a fixed count needs.
+    let past_eos = !matches!(spec.section::<ModelSection>().as_deref(), Some(ModelSection::Mistralrs(_)));
+    let raw = if past_eos { Some(raw_generation(spec, &episodes, &results, sampling).await?) } else { None };
 
     let n = results.len().max(1);
     println!("trajectories      {}", results.len());
@@ -151,6 +118,12 @@ pub async fn bench_rollouts(
     } else {
         println!("same tokens       n/a (the policy gives no exact token ids to replay)");
     }
+    let Some(Raw { prefill_seconds, decode_seconds, first_tokens, decode_tokens }) = raw else {
+        println!("raw generation    n/a (mistral.rs cannot generate past end-of-sequence)");
+        return Ok(0);
+    };
+    let raw_seconds = prefill_seconds + decode_seconds;
+    let raw_tokens = first_tokens + decode_tokens;
     println!(
         "raw generation    {raw_seconds:.1} s, {:.1} tokens/s ({raw_tokens} tokens): prompts + first tokens {prefill_seconds:.1} s ({} prompt tokens, {:.0} tokens/s), decoding {decode_seconds:.1} s ({:.1} tokens/s)",
         raw_tokens as f64 / raw_seconds,
@@ -163,6 +136,60 @@ pub async fn bench_rollouts(
         (loop_seconds / raw_seconds - 1.0) * 100.0
     );
     Ok(0)
+}
+
+/// Raw generation's timings and token counts.
+struct Raw {
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    first_tokens: usize,
+    decode_tokens: usize,
+}
+
+/// Raw generation of as many tokens per trajectory as `results` generated, from the same
+/// prompts (no tool results), on a freshly loaded policy, as llama-batched-bench runs it: the
+/// prompt and first token, then the rest from there (after EOS too).
+async fn raw_generation(
+    spec: &sesa_engine::spec::Spec,
+    episodes: &[sesa_stages::agent::Episode],
+    results: &[sesa_stages::agent::Trajectory],
+    sampling: sesa_stages::policy::Sampling,
+) -> Result<Raw> {
+    use sesa_stages::policy::GenerationRequest;
+    use sesa_stages::sections::AgentSetup;
+
+    let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64, ignore_eos: bool| {
+        GenerationRequest { ignore_eos, ..plain_request(context, context_ids, max_tokens, sampling, seed) }
+    };
+    let raw_policy = AgentSetup::from_spec(spec).await?.policy;
+    let firsts: Vec<GenerationRequest> =
+        episodes.iter().map(|e| request(e.prompt.clone(), None, 1, e.seed, true)).collect();
+    let clock = Instant::now();
+    let first = raw_policy.generate(&firsts).await?;
+    let prefill_seconds = clock.elapsed().as_secs_f64();
+    let mut rests = Vec::new();
+    for ((episode, trajectory), first) in episodes.iter().zip(results).zip(&first) {
+        let remaining = trajectory.generated_tokens().saturating_sub(1);
+        if remaining == 0 {
+            continue;
+        }
+        let ids = match (raw_policy.tokenize(&episode.prompt).await?, &first.token_ids) {
+            (Some(mut prompt), Some(picked)) => Some({
+                prompt.extend(picked);
+                prompt
+            }),
+            _ => None,
+        };
+        rests.push(request(format!("{}{}", episode.prompt, first.text), ids, remaining, episode.seed, true));
+    }
+    let clock = Instant::now();
+    let rest = raw_policy.generate(&rests).await?;
+    let decode_seconds = clock.elapsed().as_secs_f64();
+    let count = |g: &[sesa_stages::policy::Generation]| -> usize {
+        g.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum()
+    };
+    let (first_tokens, decode_tokens) = (count(&first), count(&rest));
+    Ok(Raw { prefill_seconds, decode_seconds, first_tokens, decode_tokens })
 }
 
 /// A request with no stop strings and no schema: the benchmark decides how many tokens.
