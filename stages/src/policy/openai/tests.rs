@@ -138,36 +138,38 @@ async fn a_missing_api_key_variable_is_named() {
     assert!(error.contains("SESA_TEST_SURELY_UNSET_KEY"), "{error}");
 }
 
-#[tokio::test]
-async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let calls = Arc::new(AtomicUsize::new(0));
+/// A completions server that numbers the requests it gets (from 0) and answers each with
+/// `answer(number, body)`: its URL, and the count of requests so far.
+async fn numbered_server<F, Fut>(answer: F) -> (String, Arc<std::sync::atomic::AtomicUsize>)
+where
+    F: Fn(usize, Value) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = axum::response::Response> + Send,
+{
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = calls.clone();
     let app = Router::new().route(
         "/v1/completions",
         post(move |Json(body): Json<Value>| {
-            let counter = counter.clone();
-            async move {
-                use axum::response::IntoResponse;
-                if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-                    return (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "busy").into_response();
-                }
-                plain_completions(Json(body)).await.into_response()
-            }
+            let (counter, answer) = (counter.clone(), answer.clone());
+            async move { answer(counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst), body).await }
         }),
     );
-    let url = serve(app).await;
+    (serve(app).await, calls)
+}
+
+#[tokio::test]
+async fn an_overloaded_server_is_retried_after_the_wait_it_asks_for() {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::Ordering;
+    let (url, calls) = numbered_server(|number, body| async move {
+        if number == 0 {
+            return (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "busy").into_response();
+        }
+        plain_completions(Json(body)).await.into_response()
+    })
+    .await;
     let policy = OpenAiPolicy::new(OpenAiConfig { retries: 2, ..config(url) }).await.unwrap();
-    let request = GenerationRequest {
-        context: "What is the capital of Veltria?".into(),
-        context_ids: None,
-        max_tokens: 8,
-        stop: vec![],
-        sampling: Sampling::GREEDY,
-        seed: 0,
-        json_schema: None,
-        ignore_eos: false,
-    };
+    let request = question(0);
     let started = std::time::Instant::now();
     let generation = policy.generate(std::slice::from_ref(&request)).await.unwrap().remove(0);
     let waited = started.elapsed();
@@ -190,26 +192,18 @@ fn question(seed: u64) -> GenerationRequest {
     }
 }
 
-/// A server that counts the completions it answered, each after `delay`, and after `dies_after`
-/// of them hangs (as a server whose process stopped while its socket stays open).
+/// A server that answers completions, each after `delay_ms`, and after `dies_after` of them
+/// hangs (as a server whose process stopped while its socket stays open).
 async fn counting_server(delay_ms: u64, dies_after: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counter = calls.clone();
-    let app = Router::new().route(
-        "/v1/completions",
-        post(move |Json(body): Json<Value>| {
-            let counter = counter.clone();
-            async move {
-                if counter.fetch_add(1, Ordering::SeqCst) >= dies_after {
-                    std::future::pending::<()>().await;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-                plain_completions(Json(body)).await
-            }
-        }),
-    );
-    (serve(app).await, calls)
+    use axum::response::IntoResponse;
+    numbered_server(move |number, body| async move {
+        if number >= dies_after {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        plain_completions(Json(body)).await.into_response()
+    })
+    .await
 }
 
 #[tokio::test]
