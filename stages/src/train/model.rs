@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use super::gemm::{Out, SharedMut, View, gemm, gemm_serial};
 use super::packing::{Segment, prob_offsets, sharing_groups};
+use crate::kernels::exp_in_place;
 use crate::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 /// The projections LoRA can adapt, in a block's order.
@@ -271,7 +272,8 @@ impl TrainModel {
             let (scale2, normed2) = rms_norm(&x2, &block.ffn_norm, s.eps);
             let gate = self.project(&pg, &normed2, n, &mut lora_inputs[4]);
             let up = self.project(&pu, &normed2, n, &mut lora_inputs[5]);
-            let activated: Vec<f32> = gate.par_iter().zip(&up).map(|(&g, &u)| silu(g) * u).collect();
+            let mut activated = negative_exps(&gate, ffn);
+            activated.par_iter_mut().zip(&gate).zip(&up).for_each(|((a, g), u)| *a = g / (1.0 + *a) * u);
             let down = self.project(&pd, &activated, n, &mut lora_inputs[6]);
             let next: Vec<f32> = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
             debug_assert_eq!(activated.len(), n * ffn);
@@ -320,10 +322,12 @@ impl TrainModel {
             |((row, logprob), &target)| {
                 row.iter_mut().for_each(|z| *z /= temperature);
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|z| (z - max).exp()).sum();
-                let log_sum = max + sum.ln();
-                *logprob = row[target as usize] - log_sum;
-                row.iter_mut().for_each(|z| *z = (*z - log_sum).exp());
+                row.iter_mut().for_each(|z| *z -= max);
+                let shifted_target = row[target as usize];
+                exp_in_place(row);
+                let sum: f32 = row.iter().sum();
+                *logprob = shifted_target - sum.ln();
+                row.iter_mut().for_each(|p| *p /= sum);
             },
         );
         let mut logprobs = Vec::with_capacity(examples.len());
@@ -533,11 +537,9 @@ impl TrainModel {
             for (i, row) in block.chunks_exact_mut(width).enumerate() {
                 let visible = &mut row[..=prefix_len + i];
                 let max = visible.iter().map(|z| z * scale).fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for z in visible.iter_mut() {
-                    *z = (*z * scale - max).exp();
-                    sum += *z;
-                }
+                visible.iter_mut().for_each(|z| *z = *z * scale - max);
+                exp_in_place(visible);
+                let sum: f32 = visible.iter().sum();
                 visible.iter_mut().for_each(|z| *z /= sum);
                 row[prefix_len + i + 1..].iter_mut().for_each(|z| *z = 0.0);
             }
@@ -631,9 +633,10 @@ impl TrainModel {
             self.module_back(l, 6, t, &t.activated, &dx, &mut dactivated, grads);
             let mut dgate = vec![0.0f32; n * ffn];
             let mut dup = vec![0.0f32; n * ffn];
+            let exps = negative_exps(&t.gate, ffn);
             dgate.par_iter_mut().zip(dup.par_iter_mut()).enumerate().for_each(|(i, (dg, du))| {
                 let (g, u, da) = (t.gate[i], t.up[i], dactivated[i]);
-                let sigmoid = 1.0 / (1.0 + (-g).exp());
+                let sigmoid = 1.0 / (1.0 + exps[i]);
                 *du = da * g * sigmoid;
                 *dg = da * u * sigmoid * (1.0 + g * (1.0 - sigmoid));
             });
@@ -840,8 +843,12 @@ fn causal_gemm(kind: Causal, len: usize, inner: usize, a: View<'_>, b: View<'_>,
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// `e^(−g)` of every gate value, a row of `width` at a time: the SiLU's exponentials, by the
+/// serving pass's vectorised `exp` (the C library's runs one value at a time).
+fn negative_exps(gate: &[f32], width: usize) -> Vec<f32> {
+    let mut exps: Vec<f32> = gate.par_iter().map(|g| -g).collect();
+    exps.par_chunks_mut(width).for_each(exp_in_place);
+    exps
 }
 
 /// Each row's `1/rms` and the normed rows times `weight`.
