@@ -1,5 +1,5 @@
 //! `sesa tables`: the tables the stages of specs write, with their columns, as a Markdown
-//! table. The README's list of tables is this command's output (a test keeps it so).
+//! table. docs/analysis.md's list of columns is this command's output (a test keeps it so).
 
 use std::collections::{BTreeMap, BTreeSet};
 

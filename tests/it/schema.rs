@@ -140,10 +140,10 @@ fn yaml_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// The specs whose stages write every table a shipped stage kind writes.
 const TABLE_SPECS: [&str; 3] = ["specs/sesa.yaml", "specs/warmup.yaml", "specs/learn.yaml"];
 
-/// The README's list of tables is `sesa tables` over [`TABLE_SPECS`]: regenerate it with
+/// docs/analysis.md's list of tables is `sesa tables` over [`TABLE_SPECS`]: regenerate it with
 /// `SESA_UPDATE_SCHEMAS=1`.
 #[test]
-fn the_readme_lists_every_table_with_its_columns() {
+fn the_analysis_guide_lists_every_table_with_its_columns() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut args = vec!["tables"];
     args.extend(TABLE_SPECS);
@@ -153,16 +153,16 @@ fn the_readme_lists_every_table_with_its_columns() {
     assert!(generated.contains("| `rollouts` | `solve` | `item` u64,"), "{generated}");
 
     let (begin, end) = ("<!-- tables: begin -->\n", "<!-- tables: end -->");
-    let path = repo.join("README.md");
-    let readme = std::fs::read_to_string(&path).unwrap();
-    let start = readme.find(begin).expect("README.md has a tables block") + begin.len();
-    let stop = start + readme[start..].find(end).expect("the tables block ends");
+    let path = repo.join("docs/analysis.md");
+    let guide = std::fs::read_to_string(&path).unwrap();
+    let start = guide.find(begin).expect("docs/analysis.md has a tables block") + begin.len();
+    let stop = start + guide[start..].find(end).expect("the tables block ends");
     if std::env::var_os("SESA_UPDATE_SCHEMAS").is_some() {
-        std::fs::write(&path, format!("{}{generated}\n{}", &readme[..start], &readme[stop..])).unwrap();
+        std::fs::write(&path, format!("{}{generated}\n{}", &guide[..start], &guide[stop..])).unwrap();
     } else {
         assert!(
-            readme[start..stop].trim_end() == generated.trim_end(),
-            "README.md's table list is stale: run `cargo run -- tables {}` into it (or set SESA_UPDATE_SCHEMAS=1)",
+            guide[start..stop].trim_end() == generated.trim_end(),
+            "docs/analysis.md's table list is stale: run `cargo run -- tables {}` into it (or set SESA_UPDATE_SCHEMAS=1)",
             TABLE_SPECS.join(" ")
         );
     }
