@@ -39,6 +39,7 @@ else
   clock "warm start: the first $LIMIT questions' demonstrations"
   warm_start
 fi
+substitutes
 
 pids=()
 for guidance in $GUIDANCE; do

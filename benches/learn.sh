@@ -63,6 +63,7 @@ else
   clock "warm start: $LIMIT demonstrations, $METHOD at lr ${WARM_LR:-of specs/learn.yaml}"
   warm_start "${warm_args[@]}"
 fi
+substitutes
 
 clock "RL: $STEPS steps, $METHOD at lr ${LR:-of specs/learn.yaml}"
 "$sesa" run specs/learn.yaml --store "$STORE" --set steps="$STEPS" "${from_warm_start[@]}" \

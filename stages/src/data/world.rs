@@ -63,6 +63,20 @@ enum Relation {
 use Relation::*;
 
 impl Relation {
+    const ALL: [Relation; 11] = [
+        BornIn,
+        BirthYear,
+        MotherOf,
+        SpouseOf,
+        EmployerOf,
+        CountryOf,
+        FounderOf,
+        FoundedYear,
+        HeadquartersOf,
+        CreatorOf,
+        PublishedYear,
+    ];
+
     fn domain(self) -> Kind {
         match self {
             BornIn | BirthYear | MotherOf | SpouseOf | EmployerOf => Kind::Person,
@@ -115,6 +129,11 @@ impl Relation {
             CreatorOf => "author",
             PublishedYear => "publication year",
         }
+    }
+
+    /// The relation whose [`noun`](Relation::noun) is `noun`.
+    fn named(noun: &str) -> Option<Relation> {
+        Relation::ALL.into_iter().find(|r| r.noun() == noun)
     }
 
     /// A noun phrase for the object, when this relation is an inner hop.
@@ -188,6 +207,8 @@ pub struct Target {
 pub struct World {
     config: WorldConfig,
     entities: Vec<Entity>,
+    /// Each entity's index by name (names are unique).
+    by_name: HashMap<String, usize>,
     questions: Vec<WorldQuestion>,
 }
 
@@ -331,7 +352,8 @@ impl World {
             ];
             entities.push(Entity { kind: Kind::Work, name, facts, role });
         }
-        let mut world = World { config, entities, questions: Vec::new() };
+        let by_name = entities.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+        let mut world = World { config, entities, by_name, questions: Vec::new() };
         world.questions = world.make_questions(&mut rng, config.questions);
         world
     }
@@ -347,12 +369,9 @@ impl World {
             let Some((chain, answer)) = self.walk(rng, start, hops) else {
                 continue;
             };
-            let mut subject = self.entities[start].name.clone();
-            let (last, inner) = chain.split_last().expect("hops >= 1");
-            for (relation, _) in inner {
-                subject = relation.phrase(&subject);
-            }
-            let question = last.0.question(&subject);
+            let relations: Vec<Relation> = chain.iter().map(|(relation, _)| *relation).collect();
+            let question = compose(&self.entities[start].name, &relations);
+            let inner = &chain[..chain.len() - 1];
             if !seen.insert(question.clone()) {
                 continue;
             }
@@ -401,6 +420,46 @@ impl World {
             }
         }
         Some((chain, self.entities[current].name.clone()))
+    }
+
+    /// The relation by which the passage of `subject` (a title) states `object` (another
+    /// entity's name, or a year), as its noun ("birthplace"): the step a walk back from
+    /// `object` can take to `subject`. With `inner`, only a relation to an entity, which a
+    /// question can go on from.
+    pub fn relation_naming(&self, subject: &str, object: &str, inner: bool) -> Option<&'static str> {
+        let entity = &self.entities[*self.by_name.get(subject)?];
+        let target = match self.by_name.get(object) {
+            Some(&index) => Object::Entity(index),
+            None => Object::Year(object.parse().ok()?),
+        };
+        entity
+            .facts
+            .iter()
+            .find(|(relation, o)| *o == target && !(inner && relation.range().is_none()))
+            .map(|(relation, _)| relation.noun())
+    }
+
+    /// What following `relations` (nouns, in reading order) from the entity `start` reaches:
+    /// an entity's name or a year; `None` where an entity lacks the relation.
+    pub fn follow(&self, start: &str, relations: &[&str]) -> Option<String> {
+        let mut object = Object::Entity(*self.by_name.get(start)?);
+        for noun in relations {
+            let Object::Entity(current) = object else { return None };
+            object = self.entities[current].get(Relation::named(noun)?)?;
+        }
+        Some(match object {
+            Object::Entity(index) => self.entities[index].name.clone(),
+            Object::Year(year) => year.to_string(),
+        })
+    }
+
+    /// The question that starts at the entity `start` and follows `relations` (nouns, in
+    /// reading order), written as the world writes its own questions; `None` when a relation
+    /// is unknown, or a year-valued one is not the last.
+    pub fn compose_question(start: &str, relations: &[&str]) -> Option<String> {
+        let relations: Vec<Relation> = relations.iter().map(|noun| Relation::named(noun)).collect::<Option<_>>()?;
+        let (_, inner) = relations.split_last()?;
+        inner.iter().all(|r| r.range().is_some()).then(|| compose(start, &relations))
     }
 
     /// The passage of entity `index`: every fact about it, in plain sentences.
@@ -491,6 +550,14 @@ impl World {
         std::fs::write(out.join(STAMP_FILE), serde_json::to_string_pretty(&stamp).map_err(std::io::Error::other)?)?;
         Ok(WorldFiles { passages: self.entities.len(), questions: self.questions.len(), targets: targets.len() })
     }
+}
+
+/// The question that starts at `start` and follows `relations` (at least one; every one but
+/// the last leads to an entity): "In which country is the city where X was born?".
+fn compose(start: &str, relations: &[Relation]) -> String {
+    let (last, inner) = relations.split_last().expect("a question follows at least one relation");
+    let subject = inner.iter().fold(start.to_string(), |subject, relation| relation.phrase(&subject));
+    last.question(&subject)
 }
 
 /// How a world on disk was generated (its `world.json`).

@@ -7,12 +7,16 @@
 //! - the solver thinks, then searches each hop's entity with the relation it needs
 //!   (`tᵢ rᵢ`, with the relations the world records), in reading order, reads the real results
 //!   and answers `a`; kept only when each search returns its hop's passage;
-//! - the proposer, given `a` and `n`, walks back from the answer: it searches `a` (which finds
-//!   `tₙ`, the passage that states it), then `tₙ` (which finds `tₙ₋₁`, the passage that names
-//!   it), and so on to `t₁`, then writes the world's question; kept only when each search
-//!   finds the passage it walks to and the question passes the validity rules. When the rules
-//!   ask for more searches than there are hops (SSP's two for a one-hop question), it then
-//!   confirms the chain from its start, `t₁ r₁`, `t₂ r₂`, … as the solver would search it.
+//! - the proposer, given `a` and `n`, walks back from the answer: it searches `a` and reads,
+//!   among the passages found, one that states `a` (some `sₙ`), then searches `sₙ` and reads
+//!   one that names it (`sₙ₋₁`), and so on for `n` steps, then writes the question that
+//!   composes the chain `s₁ … sₙ` ([`WalkBack`]). In a generated world the walk goes wherever
+//!   the search results lead (the world's facts say which passage names what), trying the
+//!   passages best first, depth first, until a chain's question passes the validity rules;
+//!   without the world it must find the question's own chain `tₙ … t₁` or is dropped, which a
+//!   walk from a common answer (a country, a year) rarely does. When the rules ask for more
+//!   searches than there are hops (SSP's two for a one-hop question), it then confirms the
+//!   chain from its start, `s₁ r₁`, `s₂ r₂`, … as the solver would search it.
 //!
 //! A user's own demonstrations are rows in the `rollouts` (or `proposals`) table's layout:
 //! `prompt_ids`, `token_ids` and `loss_mask`, from JSONL or Parquet.
@@ -27,6 +31,7 @@ use super::rules::ValidityRules;
 use crate::agent::{PromptTemplate, Role, information_block};
 use crate::columns::Reader;
 use crate::data::datasets::Question;
+use crate::data::world::World;
 use crate::memory::{FailureRecord, Induction, Skill, SkillMeta, induce, prompt_block};
 use crate::policy::Policy;
 use crate::search::{Search, format_results};
@@ -61,6 +66,69 @@ pub fn chain_searches(question: &Question) -> Vec<String> {
         .enumerate()
         .map(|(hop, title)| relations.get(hop).map_or_else(|| title.clone(), |r| format!("{title} {r}")))
         .collect()
+}
+
+/// Where a proposer's walk back from an answer can go: which passage a search's results lead
+/// to, and the question a finished chain makes.
+pub trait WalkBack: Sync {
+    /// Among `found` (the titles a search returned, best first), the passages that state
+    /// `object` and may stand `from_end` hops before the answer (0: the last hop), never one
+    /// of `walked`, in the same order; each with the relation by which it states `object`,
+    /// when known.
+    fn steps(
+        &self,
+        found: &[String],
+        object: &str,
+        from_end: usize,
+        walked: &[String],
+    ) -> Vec<(String, Option<String>)>;
+
+    /// The question of a chain, `titles` and their `relations` in reading order, whose answer
+    /// is `answer`.
+    fn question(&self, titles: &[String], relations: &[String], answer: &str) -> Option<String>;
+}
+
+/// A question walks back along its own chain only.
+impl WalkBack for Question {
+    fn steps(&self, found: &[String], _: &str, from_end: usize, _: &[String]) -> Vec<(String, Option<String>)> {
+        let Some(hop) = self.supporting_titles.len().checked_sub(from_end + 1) else { return Vec::new() };
+        let title = &self.supporting_titles[hop];
+        found
+            .contains(title)
+            .then(|| (title.clone(), self.supporting_relations.get(hop).cloned()))
+            .into_iter()
+            .collect()
+    }
+
+    fn question(&self, titles: &[String], _: &[String], _: &str) -> Option<String> {
+        (titles == self.supporting_titles).then(|| self.question.clone())
+    }
+}
+
+/// A generated world walks back to any passage found that states what the walk came from, and writes the question as it writes its own, when its facts lead from the chain's
+/// start to the answer.
+impl WalkBack for World {
+    fn steps(
+        &self,
+        found: &[String],
+        object: &str,
+        from_end: usize,
+        walked: &[String],
+    ) -> Vec<(String, Option<String>)> {
+        found
+            .iter()
+            .filter(|title| !walked.contains(title))
+            .filter_map(|title| {
+                let relation = self.relation_naming(title, object, from_end > 0)?;
+                Some((title.clone(), Some(relation.to_string())))
+            })
+            .collect()
+    }
+
+    fn question(&self, titles: &[String], relations: &[String], answer: &str) -> Option<String> {
+        let (start, relations) = (titles.first()?, relations.iter().map(String::as_str).collect::<Vec<_>>());
+        (self.follow(start, &relations)? == answer).then(|| World::compose_question(start, &relations))?
+    }
 }
 
 /// How many solver demonstrations show a skill in their prompt, as the solver will see skills
@@ -168,12 +236,12 @@ impl Writer<'_> {
         Ok(Some(TrainSequence { tokens, mask }))
     }
 
-    /// The `<information>` block of `query` and whether its passages include `title`.
-    async fn search(&self, query: &str, title: &str) -> Result<(String, bool), String> {
+    /// The `<information>` block of `query` and the titles of its passages, best first.
+    async fn search(&self, query: &str) -> Result<(String, Vec<String>), String> {
         let hits = self.search.search(&[query.to_string()], self.top_k).await.map_err(|e| e.to_string())?;
         let hits = hits.into_iter().next().unwrap_or_default();
-        let found = hits.iter().any(|h| h.doc.title == title);
-        Ok((information_block(&format_results(std::slice::from_ref(&hits))), found))
+        let titles = hits.iter().map(|h| h.doc.title.clone()).collect();
+        Ok((information_block(&format_results(std::slice::from_ref(&hits))), titles))
     }
 
     /// The solver's demonstration of `question` with the skill block `skills` in its prompt
@@ -220,8 +288,8 @@ impl Writer<'_> {
                 None => format!("I need to read about {title}."),
             };
             let found = if hop == 0 { String::new() } else { fact(hop - 1, title) + " " };
-            let (information, hit) = self.search(&query, title).await?;
-            if !hit {
+            let (information, hits) = self.search(&query).await?;
+            if !hits.contains(title) {
                 return Ok(None);
             }
             turns.push(WrittenTurn {
@@ -239,56 +307,112 @@ impl Writer<'_> {
         }))
     }
 
-    /// The proposer's demonstration for `question`'s answer and hop count, or `None` when the
-    /// walk back misses a passage or the question breaks `rules`.
+    /// The proposer's demonstration for the target `answer` at `hops` hops, walked back by
+    /// `walk`, or `None` when no walk reaches `hops` passages with a question that passes
+    /// `rules`. The walk is depth first over the passages each search finds, best first: the
+    /// first chain whose question passes is written (a world's questions differ in length, and
+    /// SSP's ten words turn many short ones away).
     pub async fn proposer(
         &self,
         template: &PromptTemplate,
         rules: &ValidityRules,
-        question: &Question,
+        answer: &str,
+        hops: usize,
+        walk: &dyn WalkBack,
     ) -> Result<Option<Demonstration>, String> {
-        let Some(answer) = question.golden_answers.first() else { return Ok(None) };
-        if question.supporting_titles.is_empty() {
-            return Ok(None);
+        let mut searched = Searched::default();
+        // A partial walk: the answer, then each passage reached; the relation of each step.
+        let mut stack: Vec<(Vec<String>, Vec<Option<String>>)> = vec![(vec![answer.to_string()], Vec::new())];
+        while let Some((walked, relations)) = stack.pop() {
+            if relations.len() == hops {
+                if let Some(demo) = self.walked(template, rules, &walked, relations, walk, &mut searched).await? {
+                    return Ok(Some(demo));
+                }
+                continue;
+            }
+            let query = walked.last().expect("the answer at least");
+            let (_, found) = searched.get(self, query).await?;
+            let next = walk.steps(&found, query, relations.len(), &walked);
+            for (title, relation) in next.into_iter().rev() {
+                let (mut walked, mut relations) = (walked.clone(), relations.clone());
+                walked.push(title);
+                relations.push(relation);
+                stack.push((walked, relations));
+            }
         }
-        let prompt = self.policy.render_chat(&template.render(&BTreeMap::from([
-            ("answer", answer.clone()),
-            ("hops", question.supporting_titles.len().to_string()),
-        ])));
-        // Query k names what step k − 1 found: the answer, then tₙ, tₙ₋₁, … t₂.
-        let titles = &question.supporting_titles;
-        let queries: Vec<&str> =
-            std::iter::once(answer.as_str()).chain(titles.iter().skip(1).rev().map(String::as_str)).collect();
+        Ok(None)
+    }
+
+    /// The demonstration of a finished walk (`walked`: the answer, then the passages reached),
+    /// or `None` when its question breaks `rules`.
+    async fn walked(
+        &self,
+        template: &PromptTemplate,
+        rules: &ValidityRules,
+        walked: &[String],
+        relations: Vec<Option<String>>,
+        walk: &dyn WalkBack,
+        searched: &mut Searched,
+    ) -> Result<Option<Demonstration>, String> {
+        let (answer, reached) = walked.split_first().expect("the answer at least");
+        let hops = reached.len();
+        let titles: Vec<String> = reached.iter().rev().cloned().collect();
+        // A chain whose relations are unknown (a dataset that names only titles) keeps none.
+        let relations: Vec<String> = relations.into_iter().rev().collect::<Option<_>>().unwrap_or_default();
+        let Some(text) = walk.question(&titles, &relations, answer) else { return Ok(None) };
+        let chain = Question {
+            id: String::new(),
+            question: text,
+            golden_answers: vec![answer.clone()],
+            hops: u8::try_from(hops).ok(),
+            supporting_titles: titles,
+            supporting_relations: relations,
+        };
+        // Each step searched what the step before reached: the answer, then sₙ, … s₂.
+        let mut queries: Vec<String> = walked[..hops].to_vec();
+        let confirmations = chain_searches(&chain).into_iter().take(rules.min_searches.saturating_sub(hops));
+        for (hop, query) in confirmations.enumerate() {
+            if !searched.get(self, &query).await?.1.contains(&chain.supporting_titles[hop]) {
+                return Ok(None);
+            }
+            queries.push(query);
+        }
         let mut turns = Vec::new();
         let mut materials = String::new();
-        for (query, title) in queries.iter().zip(titles.iter().rev()) {
-            let (information, found) = self.search(query, title).await?;
-            if !found {
-                return Ok(None);
-            }
+        for query in &queries {
+            let (information, _) = searched.get(self, query).await?;
             materials.push_str(&information);
             turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
         }
-        let confirmations: Vec<String> =
-            chain_searches(question).into_iter().take(rules.min_searches.saturating_sub(queries.len())).collect();
-        for (hop, query) in confirmations.iter().enumerate() {
-            let (information, found) = self.search(query, &titles[hop]).await?;
-            if !found {
-                return Ok(None);
-            }
-            materials.push_str(&information);
-            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
-        }
-        let queries: Vec<&str> = queries.into_iter().chain(confirmations.iter().map(String::as_str)).collect();
-        if rules.check(Some(&question.question), answer, &queries, &materials).is_err() {
+        let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
+        if rules.check(Some(&chain.question), answer, &queries, &materials).is_err() {
             return Ok(None);
         }
-        turns.push(WrittenTurn { text: format!("<question>{}</question>", question.question), information: None });
+        turns.push(WrittenTurn { text: format!("<question>{}</question>", chain.question), information: None });
+        let prompt = self
+            .policy
+            .render_chat(&template.render(&BTreeMap::from([("answer", answer.clone()), ("hops", hops.to_string())])));
         Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
             role: "proposer",
-            hops: question.hops.unwrap_or(0),
+            hops: chain.hops.unwrap_or(0),
             sequence,
         }))
+    }
+}
+
+/// The searches a walk made, each run once.
+#[derive(Default)]
+struct Searched(std::collections::HashMap<String, (String, Vec<String>)>);
+
+impl Searched {
+    /// The `<information>` block of `query` and its passages' titles.
+    async fn get(&mut self, writer: &Writer<'_>, query: &str) -> Result<(String, Vec<String>), String> {
+        if let Some(hit) = self.0.get(query) {
+            return Ok(hit.clone());
+        }
+        let hit = writer.search(query).await?;
+        self.0.insert(query.to_string(), hit.clone());
+        Ok(hit)
     }
 }
 
@@ -428,7 +552,8 @@ mod tests {
                 assert!(text.contains(&question.question));
                 assert_eq!(demo.sequence.mask[0], 0);
             }
-            if let Some(demo) = writer.proposer(&proposer, &rules, question).await.unwrap() {
+            let (answer, hops) = (&question.golden_answers[0], question.supporting_titles.len());
+            if let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, question).await.unwrap() {
                 proposed += 1;
                 // The walk back starts from the answer and ends with the question.
                 let trained = trained(&demo);
@@ -442,7 +567,8 @@ mod tests {
         let one_hop = questions.iter().filter(|q| q.hops == Some(1));
         let mut confirmed = 0;
         for question in one_hop {
-            if let Some(demo) = writer.proposer(&proposer, &two, question).await.unwrap() {
+            let answer = &question.golden_answers[0];
+            if let Some(demo) = writer.proposer(&proposer, &two, answer, 1, question).await.unwrap() {
                 let (title, relation) = (&question.supporting_titles[0], &question.supporting_relations[0]);
                 let trained = trained(&demo);
                 let walk =
@@ -454,6 +580,38 @@ mod tests {
         assert!(confirmed > 0, "a one-hop proposer demonstration under two searches");
         assert!(solved > questions.len() / 2, "{solved} of {} solver demonstrations", questions.len());
         assert!(proposed > 0 && proposed < questions.len(), "{proposed} proposer demonstrations");
+        // Through the world, the walk goes wherever the searches lead, and its question is the
+        // chain it walked: the passage found last starts it, and the world's facts lead from
+        // there to the target.
+        let titles: Vec<String> = world.passages().map(|(title, _)| title.to_string()).collect();
+        let mut walked = 0;
+        for question in &questions {
+            let (answer, hops) = (&question.golden_answers[0], question.supporting_titles.len());
+            let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, &world).await.unwrap() else { continue };
+            walked += 1;
+            assert_eq!(demo.hops as usize, hops);
+            let trained = trained(&demo);
+            let searches: Vec<&str> =
+                trained.split("<search>").skip(1).map(|s| s.split("</search>").next().unwrap()).collect();
+            assert_eq!(searches.len(), hops, "{trained}");
+            assert_eq!(searches[0], answer);
+            let written = trained.rsplit("<question>").next().unwrap().strip_suffix("</question>").unwrap();
+            let last = searches.last().unwrap();
+            let start = titles
+                .iter()
+                .find(|t| written.contains(t.as_str()) && world.relation_naming(t, last, hops > 1).is_some())
+                .unwrap_or_else(|| panic!("no passage naming {last} starts {written:?}"));
+            let mut chain: Vec<&str> = vec![start];
+            chain.extend(searches.iter().rev());
+            let relations: Vec<&str> = chain
+                .windows(2)
+                .enumerate()
+                .map(|(k, p)| world.relation_naming(p[0], p[1], k + 2 < chain.len()).unwrap())
+                .collect();
+            assert_eq!(World::compose_question(start, &relations).as_deref(), Some(written));
+            assert_eq!(world.follow(start, &relations).as_deref(), Some(answer.as_str()), "{written}");
+        }
+        assert!(walked > proposed, "{walked} walks through the world against {proposed} along the questions' chains");
         // A skill block goes into the prompt, untrained; the trajectory is the same.
         let refs: Vec<&Question> = questions.iter().collect();
         let blocks = demonstration_skills(&refs, &SkillShare { relevant: 1.0, irrelevant: 0.0 });

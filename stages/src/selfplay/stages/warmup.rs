@@ -2,6 +2,7 @@
 //! user's own), so that a small model follows the search protocol before self-play. The
 //! trained weights are served from the next stage on and become a policy version.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,8 +18,9 @@ use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_nam
 use crate::agent::Role;
 use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
+use crate::data::world::{GENERATOR_VERSION, World, WorldStamp};
 use crate::selfplay::demonstrations::{
-    Demonstration, SkillShare, Writer, demonstration_skills, read_user_demonstrations,
+    Demonstration, SkillShare, WalkBack, Writer, demonstration_skills, read_user_demonstrations,
 };
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -32,7 +34,9 @@ use crate::train::{OptimizerConfig, StepReport, TrainSequence};
 #[serde(deny_unknown_fields)]
 pub struct WorldDemonstrations {
     /// The world's `questions.jsonl` (questions with their `supporting_titles`: those without
-    /// are skipped).
+    /// are skipped). Each gives the proposer a target, its answer and hop count; when the file
+    /// sits in the directory `world` generated (with its `world.json`), the proposer's walk back
+    /// goes wherever its searches lead, otherwise only along the question's own chain.
     pub questions: PathBuf,
     /// The last `held_out` questions of the file are never trained on: evaluate on them.
     #[serde(default)]
@@ -188,12 +192,34 @@ impl Warmup {
                 demonstrations
                     .extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
             }
+            // A generated world's facts let the proposer's walk back go wherever its searches
+            // lead; the world is regenerated from the stamp beside its questions.
+            let graph = world
+                .questions
+                .parent()
+                .and_then(WorldStamp::read)
+                .filter(|stamp| stamp.generator == GENERATOR_VERSION)
+                .map(|stamp| World::generate(stamp.config));
+            let mut targets = HashSet::new();
             for question in &questions[..used] {
-                if let Some(template) = proposer.filter(|_| within(proposer_limit, question)) {
-                    demonstrations.extend(
-                        proposer_writer.proposer(template, &world.rules, question).await.map_err(StageError::Failed)?,
-                    );
+                let Some(template) = proposer.filter(|_| within(proposer_limit, question)) else { continue };
+                let Some(answer) = question.golden_answers.first() else { continue };
+                let hops = question.supporting_titles.len();
+                // One demonstration per target: the same walk through the world would write the
+                // same one again.
+                if graph.is_some() && !targets.insert((answer, hops)) {
+                    continue;
                 }
+                let walk: &dyn WalkBack = match &graph {
+                    Some(world) => world,
+                    None => question,
+                };
+                demonstrations.extend(
+                    proposer_writer
+                        .proposer(template, &world.rules, answer, hops, walk)
+                        .await
+                        .map_err(StageError::Failed)?,
+                );
             }
         }
         if let Some(file) = &self.config.file {
