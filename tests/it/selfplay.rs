@@ -436,6 +436,58 @@ async fn fallback_questions_can_be_limited_by_hop_count() {
     assert!(reused > 0, "no invalid proposal was replaced by a fallback question");
 }
 
+/// With `reads: search` the verifier plays the solver's own loop, its searches answered from
+/// the proposals' materials alone: no verifier prompt is rendered, every passage it reads was
+/// retrieved by a proposer that step, and what it answers decides acceptance as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verifier_can_answer_by_searching_the_materials_alone() {
+    let verify = "verify: {kind: verify, after: [propose], noise: 2, invalid: reuse, reads: search}";
+    // Only the verifier plays the solver here: no solve stage, nor what follows it.
+    let (lp, tables) = run_loop(&[
+        ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify),
+        ("  solve: {kind: solve, after: [verify], n_rollouts: 3}\n", ""),
+        ("  reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}\n", ""),
+        ("  collect: {kind: collect, after: [reward]}\n", ""),
+        ("  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}\n", ""),
+    ])
+    .await;
+    let mut retrieved = std::collections::BTreeSet::new();
+    for (_, batch) in &tables["proposals"] {
+        for materials in strings(batch, "materials") {
+            retrieved.extend(sesa_stages::search::parse_results(&materials).into_iter().map(|d| d.title));
+        }
+    }
+    let contexts = lp.contexts.lock().unwrap();
+    assert!(contexts.iter().all(|c| !c.contains("Materials:")), "no verifier prompt");
+    let verifier: Vec<&String> = contexts.iter().filter(|c| c.contains("You answer questions by searching")).collect();
+    let read: Vec<String> = verifier
+        .iter()
+        .flat_map(|c| c.split("<information>").skip(1).map(|b| b.split("</information>").next().unwrap()))
+        .flat_map(|block| sesa_stages::search::parse_results(block).into_iter().map(|d| d.title))
+        .collect();
+    assert!(!read.is_empty(), "the verifier searched and read passages");
+    assert!(read.iter().all(|title| retrieved.contains(title)), "{read:?} beyond {retrieved:?}");
+    let (mut accepted, mut rejected) = (0, 0);
+    for (_, batch) in &tables["verifications"] {
+        let flags =
+            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let (targets, answers, questions) =
+            (strings(batch, "target"), strings(batch, "verifier_answer"), strings(batch, "question"));
+        for i in (0..batch.num_rows()).filter(|&i| !questions[i].is_empty()) {
+            // The scripted solver decodes the question's code word, or answers "nobody".
+            if flags.value(i) {
+                assert_eq!(answers[i], targets[i]);
+                accepted += 1;
+            } else {
+                assert_eq!(answers[i], "nobody");
+                rejected += 1;
+            }
+        }
+    }
+    assert!(rejected > 0, "a wrong answer is rejected");
+    assert!(accepted > 0, "some proposals were verified by searching");
+}
+
 /// Where the solver's questions come from and how each depth fares, per step: the shares of
 /// `source_*` add up to the verifications' sources, and every per-hop metric is the mean over
 /// its hop count of the rows it summarises.

@@ -6,11 +6,13 @@
 //! - `retriever`: client of the Search-R1 `POST /retrieve` API; `server` serves an index with it.
 //! - `config`: the `search:` section of a spec.
 //! - `format`: how results are shown to a model, exactly as SSP does, in one place.
+//! - `passages`: search over a few passages held in memory (a verifier's materials).
 
 mod bm25;
 mod config;
 mod corpus;
 mod format;
+mod passages;
 mod retriever;
 mod server;
 
@@ -19,7 +21,8 @@ use futures::future::BoxFuture;
 pub use self::bm25::{Bm25Index, IndexStats};
 pub use self::config::{Backend, Bm25Config, SearchConfig, bm25_requirements};
 pub use self::corpus::{CorpusError, CorpusReader};
-pub use self::format::format_results;
+pub use self::format::{format_results, parse_results};
+pub use self::passages::PassageSearch;
 pub use self::retriever::{RetrieverClient, RetrieverConfig};
 pub use self::server::{ServerLimits, serve};
 

@@ -1,5 +1,6 @@
 //! `verify`: the RAG check. A verifier answers each valid question from the proposer's own
-//! materials plus documents from other proposals as noise, without searching; the question is
+//! materials plus documents from other proposals as noise, without searching (SSP), or by the
+//! solver's own loop whose searches reach only those documents (`reads: search`); the question is
 //! accepted on exact match, or when the judge says the answer matches. Invalid or rejected
 //! proposals are replaced by a reused question, a substitute, a dummy, or nothing, as
 //! configured; each solver question's `source` and hop count are recorded, and the step's
@@ -16,10 +17,12 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops};
+use crate::agent::{AgentRun, Episode, Outcome, Role};
 use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
 use crate::policy::{GenerationRequest, Policy, Sampling};
+use crate::search::{PassageSearch, parse_results};
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
@@ -33,6 +36,19 @@ pub enum Verifier {
     Policy,
     /// The `judge:` model (SSP uses an external judge).
     Judge,
+}
+
+/// How the verifier reads the materials.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MaterialsAccess {
+    /// All of them in the verifier prompt, answered after "Answer:" (SSP).
+    #[default]
+    Prompt,
+    /// The solver's own prompt and loop, its searches answered from the materials alone
+    /// (BM25 over those passages): for a small policy that has only learned to answer by
+    /// searching, and that meets the verifier prompt's materials nowhere else.
+    Search,
 }
 
 /// What the solver gets in place of an invalid or rejected proposal (SSP §4.5).
@@ -75,9 +91,13 @@ pub struct VerifyConfig {
     /// Other proposals' materials mixed in as noise (SSP: 4).
     #[serde(default = "four")]
     pub noise: usize,
-    /// New tokens of the verifier's answer at most (SSP: 70).
+    /// New tokens of the verifier's answer at most (SSP: 70); with `reads: search`, the
+    /// agent section's budgets apply instead.
     #[serde(default = "seventy")]
     pub max_tokens: usize,
+    /// How the verifier reads the materials: `prompt` (SSP) or `search`.
+    #[serde(default)]
+    pub reads: MaterialsAccess,
     /// Ask the judge when the verifier's answer misses exactly (needs `prompts.judge`).
     #[serde(default)]
     pub judge_fallback: bool,
@@ -273,7 +293,8 @@ impl Stage for Verify {
             Verifier::Policy => selfplay.policy.as_ref(),
             Verifier::Judge => selfplay.judge_or_policy(),
         };
-        let requests: Vec<GenerationRequest> = valid
+        // Each valid proposal's materials, with other proposals' as noise, in a shuffled order.
+        let documents: Vec<String> = valid
             .iter()
             .map(|&i| {
                 let mut rng = cx.rng(i as u64);
@@ -284,24 +305,60 @@ impl Stage for Verify {
                 let mut documents: Vec<&str> = others.into_iter().take(self.config.noise).collect();
                 documents.push(materials[i]);
                 documents.shuffle(&mut rng);
-                GenerationRequest {
-                    context: verifier.render_chat(&template.render(&BTreeMap::from([
-                        ("materials", documents.join("\n\n")),
-                        ("question", questions[i].unwrap_or_default().to_string()),
-                    ]))),
-                    context_ids: None,
-                    max_tokens: self.config.max_tokens,
-                    stop: Vec::new(),
-                    sampling: Sampling::GREEDY,
-                    seed: cx.seed(i as u64),
-                    json_schema: None,
-                    ignore_eos: false,
-                }
+                documents.join("\n\n")
             })
             .collect();
         let generation = Instant::now();
-        let replies = verifier.generate(&requests).await.map_err(|e| failed("verifier", e))?;
-        let answers: Vec<String> = replies.iter().map(|r| verifier_answer(&r.text)).collect();
+        let answers: Vec<String> = match self.config.reads {
+            MaterialsAccess::Prompt => {
+                let requests: Vec<GenerationRequest> = valid
+                    .iter()
+                    .zip(&documents)
+                    .map(|(&i, documents)| GenerationRequest {
+                        context: verifier.render_chat(&template.render(&BTreeMap::from([
+                            ("materials", documents.clone()),
+                            ("question", questions[i].unwrap_or_default().to_string()),
+                        ]))),
+                        context_ids: None,
+                        max_tokens: self.config.max_tokens,
+                        stop: Vec::new(),
+                        sampling: Sampling::GREEDY,
+                        seed: cx.seed(i as u64),
+                        json_schema: None,
+                        ignore_eos: false,
+                    })
+                    .collect();
+                let replies = verifier.generate(&requests).await.map_err(|e| failed("verifier", e))?;
+                replies.iter().map(|r| verifier_answer(&r.text)).collect()
+            }
+            MaterialsAccess::Search => {
+                let (top_k, limits) = (selfplay.top_k, selfplay.agent.limits());
+                let solved = valid.iter().zip(&documents).map(|(&i, documents)| {
+                    let search = PassageSearch::new(parse_results(documents));
+                    let prompt = verifier.render_chat(&selfplay.templates.solver.render(&BTreeMap::from([
+                        ("question", questions[i].unwrap_or_default().to_string()),
+                        ("skills", String::new()),
+                    ])));
+                    let seed = cx.seed(i as u64);
+                    async move {
+                        let agent = AgentRun {
+                            role: Role::Solver,
+                            policy: verifier,
+                            search: &search,
+                            top_k,
+                            limits,
+                            sampling: Sampling::GREEDY,
+                        };
+                        let trajectory = agent.run(&[Episode { prompt, seed }]).await?.pop();
+                        Ok::<_, crate::agent::AgentError>(match trajectory.map(|t| t.outcome) {
+                            Some(Outcome::Final(answer)) => answer,
+                            _ => String::new(),
+                        })
+                    }
+                });
+                futures::future::try_join_all(solved).await.map_err(|e| failed("verifier", e))?
+            }
+        };
         let mut accepted: Vec<bool> = valid.iter().zip(&answers).map(|(&i, a)| self.matches(a, targets[i])).collect();
         let mut generation_ms = elapsed_ms(generation);
         if self.config.judge_fallback {
