@@ -105,8 +105,9 @@ impl WalkBack for Question {
     }
 }
 
-/// A generated world walks back to any passage found that states what the walk came from, and writes the question as it writes its own, when its facts lead from the chain's
-/// start to the answer.
+/// A generated world walks back to any passage found that states what the walk came from,
+/// and writes the question as it writes its own, when its facts lead from the chain's start to
+/// the answer.
 impl WalkBack for World {
     fn steps(
         &self,
