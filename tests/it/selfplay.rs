@@ -436,6 +436,40 @@ async fn fallback_questions_can_be_limited_by_hop_count() {
     assert!(reused > 0, "no invalid proposal was replaced by a fallback question");
 }
 
+/// With `pool_draw: distinct`, a step reuses each pooled question at most once (the rest of its
+/// replacements come from the fallback questions, as with an empty pool); SSP's draws repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_pool_draws_reuse_each_question_once_a_step() {
+    let questions = world().join("world/questions.jsonl");
+    // (reused questions, of which repeats within their step)
+    let draws = async |draw: &str| {
+        let verify = format!(
+            "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, pool_clear_interval: 2, pool_draw: {draw}, fallback_questions: {}}}",
+            questions.display()
+        );
+        let (_lp, tables) =
+            run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
+        let (mut reused, mut repeats) = (0, 0);
+        for (_, batch) in &tables["verifications"] {
+            let sources = strings(batch, "source");
+            let questions = strings(batch, "solver_question");
+            let mine: Vec<&String> =
+                sources.iter().zip(&questions).filter(|(s, _)| *s == "reused").map(|(_, q)| q).collect();
+            let distinct: std::collections::BTreeSet<&&String> = mine.iter().collect();
+            reused += mine.len();
+            repeats += mine.len() - distinct.len();
+        }
+        (reused, repeats)
+    };
+    let (reused, repeats) = draws("distinct").await;
+    assert!(reused > 0 && repeats == 0, "{reused} reused, {repeats} repeated within a step");
+    let (reused, repeats) = draws("with_replacement").await;
+    assert!(
+        reused > 0 && repeats > 0,
+        "SSP's draws repeat a small pool's questions: {reused} reused, {repeats} repeated"
+    );
+}
+
 /// With `reads: search` the verifier plays the solver's own loop, its searches answered from
 /// the proposals' materials alone: no verifier prompt is rendered, every passage it reads was
 /// retrieved by a proposer that step, and what it answers decides acceptance as before.

@@ -51,6 +51,17 @@ pub enum MaterialsAccess {
     Search,
 }
 
+/// How replacements are drawn from the reuse pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolDraw {
+    /// Uniformly, with replacement (SSP).
+    #[default]
+    WithReplacement,
+    /// Each pooled question at most once a step.
+    Distinct,
+}
+
 /// What the solver gets in place of an invalid or rejected proposal (SSP §4.5).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -110,6 +121,11 @@ pub struct VerifyConfig {
     /// The reuse pool is emptied every this many steps (SSP: 10).
     #[serde(default = "ten")]
     pub pool_clear_interval: u64,
+    /// With `distinct`, a step's replacements draw each pooled question at most once, then
+    /// fall back as an empty pool does; SSP draws with replacement (the default), so a pool of
+    /// one question can fill a whole batch.
+    #[serde(default)]
+    pub pool_draw: PoolDraw,
     /// Questions (FlashRAG JSONL) that `reuse` draws from while the pool is empty, instead of
     /// a dummy: for small proposers that rarely write a valid question (the quickstart).
     #[serde(default)]
@@ -386,7 +402,17 @@ impl Stage for Verify {
         let mut pool = selfplay.pool.lock().expect("pool lock");
         pool.retain(|q| q.step >= kept_from);
         let available = pool.clone();
-        let fallback = match (&self.config.fallback_questions, available.is_empty()) {
+        let distinct = self.config.pool_draw == PoolDraw::Distinct;
+        // Distinct draws take the pool's questions (each text once: two proposals can ask the
+        // same) in a shuffled order until none is left.
+        let mut unused: Vec<&PooledQuestion> = Vec::new();
+        for question in &available {
+            if !unused.iter().any(|u| u.question == question.question) {
+                unused.push(question);
+            }
+        }
+        unused.shuffle(&mut cx.rng(3_000_000));
+        let fallback = match (&self.config.fallback_questions, available.is_empty() || distinct) {
             (Some(path), true) => self.fallback.get(|| self.load_fallback(path))?,
             _ => Default::default(),
         };
@@ -403,10 +429,15 @@ impl Stage for Verify {
                 (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), path, "proposed")
             } else {
                 let mut rng = cx.rng(2_000_000 + i as u64);
+                let reused = match self.config.invalid {
+                    InvalidStrategy::Reuse if distinct => unused.pop(),
+                    InvalidStrategy::Reuse => available.choose(&mut rng),
+                    _ => None,
+                };
                 let replacement = match self.config.invalid {
-                    InvalidStrategy::Reuse if !available.is_empty() => available
-                        .choose(&mut rng)
-                        .map(|q| (q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused")),
+                    InvalidStrategy::Reuse if reused.is_some() => {
+                        reused.map(|q| (q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused"))
+                    }
                     InvalidStrategy::Reuse => fallback.choose(&mut rng).map(|q| {
                         let target = q.golden_answers.first().cloned().unwrap_or_default();
                         let path = crate::selfplay::demonstrations::chain_searches(q);
