@@ -435,7 +435,7 @@ impl World {
         entity
             .facts
             .iter()
-            .find(|(relation, o)| *o == target && !(inner && relation.range().is_none()))
+            .find(|(relation, o)| *o == target && (!inner || relation.range().is_some()))
             .map(|(relation, _)| relation.noun())
     }
 

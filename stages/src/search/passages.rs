@@ -36,15 +36,22 @@ impl PassageSearch {
         let mut query = terms(query);
         query.sort_unstable();
         query.dedup();
+        // Each query term with its inverse document frequency, once for all passages.
+        let weighted: Vec<(String, f32)> = query
+            .into_iter()
+            .map(|term| {
+                let df = self.terms.iter().filter(|d| d.contains(&term)).count() as f32;
+                let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+                (term, idf)
+            })
+            .collect();
         let mut scored: Vec<(usize, f32)> = (0..self.docs.len())
             .map(|i| {
                 let length = self.terms[i].len() as f32;
-                let score = query
+                let score = weighted
                     .iter()
-                    .map(|term| {
+                    .map(|(term, idf)| {
                         let tf = self.terms[i].iter().filter(|t| *t == term).count() as f32;
-                        let df = self.terms.iter().filter(|d| d.contains(term)).count() as f32;
-                        let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
                         idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * length / average.max(1.0)))
                     })
                     .sum::<f32>();

@@ -294,7 +294,6 @@ impl Stage for Verify {
     async fn run(&self, cx: &StageContext, inputs: Tables) -> Result<Tables, StageError> {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
-        let template = Templates::require(&selfplay.templates.verifier, "verifier")?;
         let batch = inputs.get("proposals")?;
         let proposals = Reader::new("proposals", batch);
         let targets = proposals.str("target")?;
@@ -327,6 +326,7 @@ impl Stage for Verify {
         let generation = Instant::now();
         let answers: Vec<String> = match self.config.reads {
             MaterialsAccess::Prompt => {
+                let template = Templates::require(&selfplay.templates.verifier, "verifier")?;
                 let requests: Vec<GenerationRequest> = valid
                     .iter()
                     .zip(&documents)
@@ -429,20 +429,18 @@ impl Stage for Verify {
                 (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), path, "proposed")
             } else {
                 let mut rng = cx.rng(2_000_000 + i as u64);
-                let reused = match self.config.invalid {
-                    InvalidStrategy::Reuse if distinct => unused.pop(),
-                    InvalidStrategy::Reuse => available.choose(&mut rng),
-                    _ => None,
-                };
                 let replacement = match self.config.invalid {
-                    InvalidStrategy::Reuse if reused.is_some() => {
-                        reused.map(|q| (q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused"))
+                    InvalidStrategy::Reuse => {
+                        let reused = if distinct { unused.pop() } else { available.choose(&mut rng) };
+                        match reused {
+                            Some(q) => Some((q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused")),
+                            None => fallback.choose(&mut rng).map(|q| {
+                                let target = q.golden_answers.first().cloned().unwrap_or_default();
+                                let path = crate::selfplay::demonstrations::chain_searches(q);
+                                (q.question.clone(), target, q.hops.map(u64::from), path, "substitute")
+                            }),
+                        }
                     }
-                    InvalidStrategy::Reuse => fallback.choose(&mut rng).map(|q| {
-                        let target = q.golden_answers.first().cloned().unwrap_or_default();
-                        let path = crate::selfplay::demonstrations::chain_searches(q);
-                        (q.question.clone(), target, q.hops.map(u64::from), path, "substitute")
-                    }),
                     _ => None,
                 };
                 match (self.config.invalid, replacement) {

@@ -193,10 +193,10 @@ impl Warmup {
                     .extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
             }
             // A generated world's facts let the proposer's walk back go wherever its searches
-            // lead; the world is regenerated from the stamp beside its questions.
-            let graph = world
-                .questions
-                .parent()
+            // lead; the world is regenerated from the stamp beside its questions (only when the
+            // proposer is demonstrated).
+            let graph = proposer
+                .and(world.questions.parent())
                 .and_then(WorldStamp::read)
                 .filter(|stamp| stamp.generator == GENERATOR_VERSION)
                 .map(|stamp| World::generate(stamp.config));
