@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_yaml::{Mapping, Value};
+use sesa_engine::columns::Reader;
 use sesa_engine::{ArtifactStore, Progress, Registry, Run, StageError, pipeline_from_text, read_table};
-use sesa_stages::columns::Reader;
 use sesa_stages::memory::SkillFile;
 use sesa_stages::models::sesa_home;
 use sesa_stages::sections::ModelSection;

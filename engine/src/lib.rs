@@ -13,7 +13,9 @@
 //!
 //! Main types: [`Registry`] (what a spec may use), [`Stage`] (a kind of stage), [`spec::Spec`]
 //! and [`Pipeline`] (a checked spec and its graph), [`Run`] (a pipeline bound to a store),
-//! [`ArtifactStore`] (write-once objects), [`Progress`] (bars or log lines).
+//! [`ArtifactStore`] (write-once objects), [`Progress`] (bars or log lines). Helpers for domain
+//! crates: [`columns`] (building and reading Arrow tables) and [`deserialize_tagged!`] (a spec's
+//! tagged choices, with problems named by their setting).
 //!
 //! # Example
 //!
@@ -68,6 +70,7 @@
 //! # });
 //! ```
 
+pub mod columns;
 pub mod manifest;
 pub mod plan;
 pub mod progress;
@@ -80,6 +83,7 @@ pub mod spec;
 pub mod stage;
 pub mod store;
 pub mod table;
+pub mod tagged;
 pub mod testing;
 
 use std::path::Path;

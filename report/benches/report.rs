@@ -7,8 +7,8 @@
 
 use std::time::Instant;
 
+use sesa_engine::columns::Columns;
 use sesa_engine::*;
-use sesa_stages::columns::Columns;
 
 struct SyntheticLoop;
 

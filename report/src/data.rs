@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use sesa_engine::columns::Reader;
 use sesa_engine::manifest::{RunManifest, StepCommit, layout};
 use sesa_engine::{ArtifactStore, read_table};
-use sesa_stages::columns::Reader;
 
 use crate::ReportError;
 

@@ -9,14 +9,12 @@
 //! - `sections`: the `model:`, `judge:`, `agent:`, `prompts:` and `world:` sections of specs.
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
-//! - `columns`: building and reading the Arrow tables stages write.
 //! - `selfplay`: the loop's stage kinds and the resources they share.
 //! - `train`: the trainer (a differentiable llama, AdamW, the optimizer step).
 //! - `weights`: a llama's F32 weights, read from GGUF or Hugging Face safetensors, written as
 //!   the latter.
 
 pub mod agent;
-pub mod columns;
 pub mod data;
 mod kernels;
 pub mod memory;

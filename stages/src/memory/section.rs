@@ -7,7 +7,7 @@ use sesa_engine::{ConfigProblem, Section};
 use super::bank::{BankConfig, UsageRule};
 use super::embed::{CachedEmbedder, EmbedError, HashedWords, MiniLm};
 use crate::models;
-use crate::sections::deserialize_tagged;
+use sesa_engine::deserialize_tagged;
 
 /// Which sentence embedder retrieves and deduplicates skills.
 #[derive(Debug, Clone, PartialEq, JsonSchema)]

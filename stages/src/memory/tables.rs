@@ -9,7 +9,7 @@ use arrow_schema::{ArrowError, SchemaRef};
 
 use super::bank::SkillEvent;
 use super::skill::{Skill, SkillMeta, SkillText};
-use crate::columns::{Columns, Reader, schema_of};
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// `skills`: every skill of every committed bank version.
 pub static SKILLS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(|| skills_batch(0, &[])));

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
-use crate::sections::deserialize_tagged;
+use sesa_engine::deserialize_tagged;
 
 /// The agents' search tool, as a spec configures it.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]

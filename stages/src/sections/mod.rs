@@ -1,19 +1,19 @@
 //! The spec sections of the SESA domain that configure agents, one file each: `model:` and
 //! `judge:` (which policy, opened here), `world:` (a generated world, made on first use),
 //! `agent:` and `prompts:` (budgets, sampling, template files); and `setup`, the one path from
-//! a spec to what an agent episode needs; `tagged`, reading the spec's choices that a key names
-//! (`backend:`, `kind:`). The `search:` section lives with the search backends.
+//! a spec to what an agent episode needs. The choices a key names (`backend:`, `kind:`) are read
+//! by the engine's `deserialize_tagged!`. The `search:` section lives with the search backends.
 
 mod agent;
 mod model;
 mod setup;
-mod tagged;
+#[cfg(test)]
+mod tests;
 mod world;
 
 pub use self::agent::{AgentSection, PromptsSection};
 pub use self::model::{JudgeSection, ModelSection, ProposerModelSection, local_model};
 pub use self::setup::{AgentSetup, SetupError};
-pub(crate) use self::tagged::{Tagged, deserialize_tagged};
 pub use self::world::WorldSection;
 
 /// The most tokens any token budget may name (a turn, a response, a context, a micro-batch):

@@ -8,11 +8,12 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
-use super::{MAX_TOKENS, deserialize_tagged};
+use super::MAX_TOKENS;
 use crate::models;
 use crate::policy::{
     CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, ServerTemplate,
 };
+use sesa_engine::deserialize_tagged;
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, JsonSchema)]

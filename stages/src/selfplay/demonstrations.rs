@@ -29,13 +29,13 @@ use serde::Deserialize;
 
 use super::rules::ValidityRules;
 use crate::agent::{PromptTemplate, Role, information_block};
-use crate::columns::Reader;
 use crate::data::datasets::Question;
 use crate::data::world::World;
 use crate::memory::{FailureRecord, Induction, Skill, SkillMeta, induce, prompt_block};
 use crate::policy::Policy;
 use crate::search::{Search, format_results};
 use crate::train::TrainSequence;
+use sesa_engine::columns::Reader;
 
 /// A demonstration: its role, its text and its tokens.
 #[derive(Debug, Clone, PartialEq)]

@@ -18,13 +18,13 @@ use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training, 
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
-use crate::columns::Reader;
 use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, RetrieveBy, SkillBank, skills_from_batch};
 use crate::policy::Policy;
 use crate::search::Search;
 use crate::sections::{
     AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, ProposerModelSection, SetupError,
 };
+use sesa_engine::columns::Reader;
 
 /// The prompt templates of the loop, loaded and checked.
 pub struct Templates {

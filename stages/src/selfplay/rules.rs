@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::agent::{Role, TurnAction, parse_turn};
 use crate::data::metrics::exact_match;
 use crate::memory::FailureRecord;
-use crate::sections::deserialize_tagged;
+use sesa_engine::deserialize_tagged;
 
 /// The rule-based checks of a proposed question (SSP §4.3; the RAG check is the verify stage).
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]

@@ -26,11 +26,11 @@ use sesa_engine::{
 use sha2::{Digest, Sha256};
 
 use crate::agent::Role;
-use crate::columns::{Columns, Reader, schema_of};
 use crate::policy::Policy;
 use crate::sections::MAX_TOKENS;
 use crate::train::{LoraMethod, Method, TrainModel, Trainer, new_adapters};
 use crate::weights::LlamaWeights;
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The `trainer:` section: what is trained and how much memory a micro-batch may take.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]

@@ -41,7 +41,7 @@ pub enum Method {
     Lora(LoraMethod),
 }
 
-crate::sections::deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
+sesa_engine::deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
 
 /// Low-rank adapters: their rank, scale and projections.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -13,9 +13,9 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::reward::Reward;
 use super::solve::Solve;
 use super::{elapsed_ms, failed, metrics_batch, metrics_table};
-use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{FailureRecord, clean};
 use crate::selfplay::resources::SkillMemory;
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `collect`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -12,7 +12,6 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
-use crate::columns::{Columns, schema_of};
 use crate::memory::{
     Distiller, FailureRecord, Induction, SkillEvent, SkillEventKind, SkillMeta, events_batch, induce_batch,
     skills_batch,
@@ -20,6 +19,7 @@ use crate::memory::{
 use crate::policy::Sampling;
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
+use sesa_engine::columns::{Columns, schema_of};
 
 /// The config of `consolidate`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

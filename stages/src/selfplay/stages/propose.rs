@@ -13,9 +13,9 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, play, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory};
-use crate::columns::{Columns, schema_of};
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
+use sesa_engine::columns::{Columns, schema_of};
 
 /// The config of `propose`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -15,11 +15,11 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::solve::Solve;
 use super::verify::{Verify, judge_answers};
 use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_table};
-use crate::columns::{Columns, Reader, schema_of};
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 use crate::selfplay::rules::{FrontierReward, ProposerReward, solver_reward};
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `reward`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

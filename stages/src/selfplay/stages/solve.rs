@@ -21,10 +21,10 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory};
-use crate::columns::{Columns, Reader, schema_of};
 use crate::memory::{RetrieveBy, SkillEvent, SkillEventKind, events_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `solve`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

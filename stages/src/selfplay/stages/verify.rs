@@ -18,7 +18,6 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops};
 use crate::agent::{AgentRun, Episode, Outcome, Role};
-use crate::columns::{Columns, Reader, schema_of};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
 use crate::policy::{GenerationRequest, Policy, Sampling};
@@ -26,6 +25,7 @@ use crate::search::{PassageSearch, parse_results};
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
+use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// Who answers in the RAG check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]

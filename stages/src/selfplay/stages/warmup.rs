@@ -16,7 +16,6 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 
 use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
-use crate::columns::{Columns, schema_of};
 use crate::data::datasets::{Question, load_questions};
 use crate::data::world::{GENERATOR_VERSION, World, WorldStamp};
 use crate::selfplay::demonstrations::{
@@ -28,6 +27,7 @@ use crate::selfplay::training::{
     Published, Training, by_training, checkpoints_table, policy_versions_table, publish_version,
 };
 use crate::train::{OptimizerConfig, StepReport, TrainSequence};
+use sesa_engine::columns::{Columns, schema_of};
 
 /// Demonstrations written from a generated world's questions.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -32,10 +32,10 @@ use sesa_engine::StageError;
 
 use super::UpdateRow;
 use super::batch::RoleBatch;
-use crate::columns::Columns;
 use crate::policy::ServerUrls;
 use crate::selfplay::training::TrainedModel;
 use crate::train::{ClippedObjective, OptimizerConfig};
+use sesa_engine::columns::Columns;
 
 /// The version of this contract, in every manifest of a run whose models are the one shared
 /// `model:`.
@@ -360,7 +360,7 @@ fn read_batch(manifest: &Manifest) -> Result<Vec<RoleBatch>, String> {
     let bytes = std::fs::read(&manifest.batch).map_err(|e| format!("reading {}: {e}", manifest.batch.display()))?;
     let table = sesa_engine::table::decode_parquet(bytes.into())
         .map_err(|e| format!("decoding {}: {e}", manifest.batch.display()))?;
-    let reader = crate::columns::Reader::new("batch", &table);
+    let reader = sesa_engine::columns::Reader::new("batch", &table);
     let column = |e: StageError| e.to_string();
     let (roles, groups) = (reader.str("role").map_err(column)?, reader.u64("group").map_err(column)?);
     let (rewards, advantages) = (reader.f64("reward").map_err(column)?, reader.f64("advantage").map_err(column)?);

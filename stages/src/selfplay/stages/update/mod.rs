@@ -33,13 +33,13 @@ use super::reward::Reward;
 use super::solve::Solve;
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
-use crate::columns::{Columns, schema_of};
 use crate::selfplay::SelfPlay;
 use crate::selfplay::training::{
     PolicyVersion, Published, TrainState, TrainedModel, by_model, by_training, checkpoints_table,
     policy_versions_batch, policy_versions_table, publish_version,
 };
 use crate::train::{ClippedObjective, OptimizerConfig};
+use sesa_engine::columns::{Columns, schema_of};
 
 /// The proposer's running-mean reward baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]

@@ -1,8 +1,10 @@
-//! Building and reading the Arrow tables of the stages and the skill memory. A table is defined once, by the function that
-//! builds it from rows; a stage declares its schema by building it from no rows.
+//! Building and reading Arrow tables: a table is defined once, by the function that builds it
+//! from rows, and a stage declares its schema by building it from no rows. Generic over what the
+//! rows mean, so every crate that writes or reads a run's tables shares one set of helpers.
 
 use std::sync::Arc;
 
+use crate::StageError;
 use arrow_array::builder::{BooleanBuilder, ListBuilder, PrimitiveBuilder, StringBuilder};
 use arrow_array::types::{ArrowPrimitiveType, Float32Type, UInt32Type};
 use arrow_array::{
@@ -10,7 +12,6 @@ use arrow_array::{
     UInt64Array,
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
-use sesa_engine::StageError;
 
 /// Columns added one by one, each with its name and type.
 #[derive(Default)]

@@ -1,4 +1,4 @@
-//! Reading the spec's internally tagged choices (`backend: candle` or `kind: bm25` beside the
+//! Reading a spec's internally tagged choices (`backend: candle` or `kind: bm25` beside the
 //! chosen variant's settings) so that a problem inside the settings names the setting.
 //!
 //! serde's derive reads the whole map into a buffer before it picks the variant, and errors
@@ -12,14 +12,14 @@ use serde::de::{DeserializeOwned, Error};
 use serde::{Deserialize, Deserializer};
 
 /// A map whose tag has been taken out: the variant it names, and the rest, its settings.
-pub(crate) struct Tagged {
+pub struct Tagged {
     variant: String,
     settings: serde_yaml::Mapping,
 }
 
 impl Tagged {
     /// Reads a map and takes out `tag`, which must name one of `variants`.
-    pub(crate) fn read<'de, D: Deserializer<'de>>(
+    pub fn read<'de, D: Deserializer<'de>>(
         deserializer: D,
         tag: &'static str,
         variants: &'static [&'static str],
@@ -39,12 +39,12 @@ impl Tagged {
     }
 
     /// The variant's name, one of those [`Tagged::read`] was given.
-    pub(crate) fn variant(&self) -> &str {
+    pub fn variant(&self) -> &str {
         &self.variant
     }
 
     /// The settings as `T`; a problem names its setting's path (`dtype: unknown variant ...`).
-    pub(crate) fn settings<T: DeserializeOwned, E: Error>(self) -> Result<T, E> {
+    pub fn settings<T: DeserializeOwned, E: Error>(self) -> Result<T, E> {
         // Through JSON's value, which reads a map of one key as an enum's variant as serde's
         // derive does (YAML's value wants a YAML tag there).
         let settings = serde_json::to_value(self.settings).map_err(E::custom)?;
@@ -61,7 +61,7 @@ impl Tagged {
     }
 
     /// For a variant without settings: none may be given.
-    pub(crate) fn no_settings<E: Error>(self) -> Result<(), E> {
+    pub fn no_settings<E: Error>(self) -> Result<(), E> {
         match self.settings.keys().next() {
             None => Ok(()),
             Some(key) => Err(E::custom(format!(
@@ -78,15 +78,16 @@ impl Tagged {
 /// newtype variant of settings, `Variant` for a unit variant.
 ///
 /// ```ignore
-/// deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
+/// sesa_engine::deserialize_tagged!(Method, "kind", { "full" => Full, "lora" => Lora(settings) });
 /// ```
+#[macro_export]
 macro_rules! deserialize_tagged {
     ($type:ident, $tag:literal, { $($name:literal => $variant:ident $(($settings:ident))?),+ $(,)? }) => {
         impl<'de> serde::Deserialize<'de> for $type {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let tagged = $crate::sections::Tagged::read(deserializer, $tag, &[$($name),+])?;
+                let tagged = $crate::tagged::Tagged::read(deserializer, $tag, &[$($name),+])?;
                 match tagged.variant() {
-                    $($name => $crate::sections::deserialize_tagged!(@variant tagged, $type, $variant $(, $settings)?),)+
+                    $($name => $crate::deserialize_tagged!(@variant tagged, $type, $variant $(, $settings)?),)+
                     _ => unreachable!("Tagged::read keeps only the variants it is given"),
                 }
             }
@@ -100,51 +101,37 @@ macro_rules! deserialize_tagged {
     };
 }
 
-pub(crate) use deserialize_tagged;
-
 #[cfg(test)]
 mod tests {
-    use crate::memory::EmbedderConfig;
-    use crate::search::Backend;
-    use crate::sections::ModelSection;
-    use crate::selfplay::ProposerReward;
-    use crate::train::Method;
+    use serde::Deserialize;
 
-    fn error<T: serde::de::DeserializeOwned + std::fmt::Debug>(yaml: &str) -> String {
-        serde_yaml::from_str::<T>(yaml).unwrap_err().to_string()
+    #[derive(Debug, PartialEq, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Settings {
+        rank: u32,
     }
 
-    fn assert_starts(error: String, start: &str) {
-        assert!(error.starts_with(start), "{error:?} does not start with {start:?}");
+    #[derive(Debug, PartialEq)]
+    enum Choice {
+        Plain,
+        Tuned(Settings),
     }
+    crate::deserialize_tagged!(Choice, "kind", { "plain" => Plain, "tuned" => Tuned(settings) });
 
-    #[test]
-    fn a_problem_inside_a_choice_names_its_setting() {
-        assert_starts(error::<ModelSection>("{backend: candle, model: m, dtype: f8}"), "dtype: unknown variant `f8`");
-        assert_starts(error::<Backend>("{kind: bm25, index: [1]}"), "index: invalid type: sequence");
-        assert_starts(error::<ProposerReward>("{shape: frontier, lambda: x}"), "lambda: invalid type: string \"x\"");
-        assert_starts(error::<Method>("{kind: lora, rank: -1, alpha: 1}"), "rank: invalid value: integer `-1`");
-        assert_starts(error::<EmbedderConfig>("{kind: hashed_words, dimension: big}"), "dimension: invalid type");
+    fn error(yaml: &str) -> String {
+        serde_yaml::from_str::<Choice>(yaml).unwrap_err().to_string()
     }
 
     #[test]
-    fn the_tag_must_name_a_choice_and_a_choice_without_settings_takes_none() {
-        assert_starts(error::<Backend>("{kind: bm26}"), "kind: unknown variant `bm26`, expected `bm25` or `retriever`");
-        assert_starts(
-            error::<Backend>("{kind: [bm25]}"),
-            "kind: unknown variant `[\"bm25\"]`, expected `bm25` or `retriever`",
+    fn a_choice_is_read_by_its_tag_and_a_problem_names_its_setting() {
+        assert_eq!(serde_yaml::from_str::<Choice>("{kind: plain}").unwrap(), Choice::Plain);
+        assert_eq!(
+            serde_yaml::from_str::<Choice>("{kind: tuned, rank: 4}").unwrap(),
+            Choice::Tuned(Settings { rank: 4 })
         );
-        assert_starts(error::<Backend>("{index: i}"), "missing field `kind`");
-        assert_starts(error::<Method>("{kind: full, rank: 2}"), "unknown field `rank`: `full` takes no settings");
-        assert_starts(
-            error::<Method>("{kind: lora, rank: 2, alpha: 1, rnak: 3}"),
-            "unknown field `rnak`, expected one of",
-        );
-        assert_starts(error::<Method>("{kind: lora, rank: 2}"), "missing field `alpha`");
-        assert_eq!(serde_yaml::from_str::<Method>("{kind: full}").unwrap(), Method::Full);
-        let lora = serde_yaml::from_str::<Method>("{kind: lora, rank: 4, alpha: 8}").unwrap();
-        assert!(matches!(&lora, Method::Lora(lora) if lora.rank == 4 && lora.targets.len() == 7), "{lora:?}");
-        // Written as it is read: the tag beside the settings.
-        assert_eq!(serde_yaml::from_str::<Method>(&serde_yaml::to_string(&lora).unwrap()).unwrap(), lora);
+        assert!(error("{kind: tuned, rank: -1}").starts_with("rank: invalid value: integer `-1`"));
+        assert!(error("{kind: tight}").starts_with("kind: unknown variant `tight`, expected `plain` or `tuned`"));
+        assert!(error("{rank: 4}").starts_with("missing field `kind`"));
+        assert!(error("{kind: plain, rank: 4}").starts_with("unknown field `rank`: `plain` takes no settings"));
     }
 }
