@@ -9,9 +9,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sesa_engine::{
     ArtifactStore, GraphFormat, Progress, ProgressMode, Registry, Run, RunError, SpecErrors, list_runs, load_pipeline,
 };
+use sesa_models::cache;
 use sesa_stages::agent::Role;
 use sesa_stages::data::world::{World, WorldConfig};
-use sesa_stages::models;
 use sesa_stages::search::{Bm25Index, ServerLimits, format_results, serve};
 use sesa_stages::selfplay::LoopResources;
 use sesa_stages::selfplay::training::TrainedModel;
@@ -206,10 +206,10 @@ enum Command {
         model: String,
         /// Weights: `f32` or `int8` (as `model.dtype`).
         #[arg(long, default_value = "int8")]
-        dtype: sesa_stages::policy::Precision,
+        dtype: sesa_models::policy::Precision,
         /// KV cache: `f32` or `f16` (as `model.kv_cache_dtype`).
         #[arg(long, default_value = "f32")]
-        kv_cache_dtype: sesa_stages::policy::KvCacheDtype,
+        kv_cache_dtype: sesa_models::policy::KvCacheDtype,
         /// Batch sizes: sequences decoding together, one token each a step.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
         rows: Vec<usize>,
@@ -721,11 +721,11 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 .await
         }
         Command::Model { command: ModelCommand::Fetch { name } } => {
-            let home = models::sesa_home();
+            let home = cache::sesa_home();
             eprintln!("fetching {name} into {}", home.join("models").display());
-            let fetched = match models::HubReference::parse(&name) {
+            let fetched = match cache::HubReference::parse(&name) {
                 Some(reference) => reference.map_err(anyhow::Error::msg)?.fetch(&home).await?,
-                None => tokio::task::spawn_blocking(move || models::fetch(&home, &name)).await??,
+                None => tokio::task::spawn_blocking(move || cache::fetch(&home, &name)).await??,
             };
             println!("{}", fetched.display());
             Ok(0)
@@ -735,9 +735,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             crate::export::export(&run, model, version, &out, registry).await
         }
         Command::Model { command: ModelCommand::List } => {
-            let home = models::sesa_home();
-            for model in models::KNOWN_MODELS {
-                let state = match models::cached(&home, model.name) {
+            let home = cache::sesa_home();
+            for model in cache::KNOWN_MODELS {
+                let state = match cache::cached(&home, model.name) {
                     Some(directory) => directory.display().to_string(),
                     None => format!("not fetched (sesa model fetch {})", model.name),
                 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use sesa_engine::{ArtifactStore, Registry, Run};
-use sesa_stages::policy::ModelFiles;
+use sesa_models::policy::ModelFiles;
 use sesa_stages::sections::{ModelSection, ProposerModelSection};
 use sesa_stages::selfplay::TrainerSection;
 use sesa_stages::selfplay::training::{TrainedModel, weights_at};
@@ -21,7 +21,7 @@ pub async fn export(
     out: &Path,
     registry: &Registry,
 ) -> Result<u8> {
-    if Path::new(run).is_file() || sesa_stages::models::KNOWN_MODELS.iter().any(|m| m.name == run) {
+    if Path::new(run).is_file() || sesa_models::cache::KNOWN_MODELS.iter().any(|m| m.name == run) {
         if version.is_some() || model != TrainedModel::Model {
             bail!("`{run}` is a model, not a run: it has no policy versions and no proposer model");
         }
@@ -69,7 +69,7 @@ pub async fn export_policy(
             "run `{name}` serves `{key}:` with another backend than `candle`: its weights were not trained in process"
         )
     };
-    let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_stages::train::Method::Full);
+    let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_models::train::Method::Full);
     let source = sesa_stages::sections::local_model(&config.model).await?;
     let files = tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
     let (version, weights) = weights_at(root, run.id(), model, version, files.weights.clone(), &method)

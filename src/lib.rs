@@ -1,5 +1,6 @@
 //! The `sesa` command line: flags, printing, exit codes. Everything else lives in
-//! `sesa-engine` (generic) and `sesa-stages` (the SESA domain).
+//! `sesa-engine` (generic), `sesa-models` (kernels, policies, the trainer) and `sesa-stages` (the
+//! SESA domain).
 //!
 //! [`run_cli`] takes the registry as an argument so that tests can run the real command line
 //! with test-only stage kinds.

@@ -1,7 +1,7 @@
 //! `sesa bench-decoding`: the `candle` backend's decoding steps alone, per batch size.
 
 use anyhow::Result;
-use sesa_stages::policy::{KvCacheDtype, ModelFiles, Precision, bench_decoding as time_steps, dense_macs_per_token};
+use sesa_models::policy::{KvCacheDtype, ModelFiles, Precision, bench_decoding as time_steps, dense_macs_per_token};
 
 /// `sesa bench-decoding`.
 pub async fn bench_decoding(

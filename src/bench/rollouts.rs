@@ -153,9 +153,9 @@ async fn raw_generation(
     spec: &sesa_engine::spec::Spec,
     episodes: &[sesa_stages::agent::Episode],
     results: &[sesa_stages::agent::Trajectory],
-    sampling: sesa_stages::policy::Sampling,
+    sampling: sesa_models::policy::Sampling,
 ) -> Result<Raw> {
-    use sesa_stages::policy::GenerationRequest;
+    use sesa_models::policy::GenerationRequest;
     use sesa_stages::sections::AgentSetup;
 
     let request = |context: String, context_ids: Option<Vec<u32>>, max_tokens: usize, seed: u64, ignore_eos: bool| {
@@ -185,7 +185,7 @@ async fn raw_generation(
     let clock = Instant::now();
     let rest = raw_policy.generate(&rests).await?;
     let decode_seconds = clock.elapsed().as_secs_f64();
-    let count = |g: &[sesa_stages::policy::Generation]| -> usize {
+    let count = |g: &[sesa_models::policy::Generation]| -> usize {
         g.iter().map(|g| g.token_ids.as_ref().map_or(0, Vec::len)).sum()
     };
     let (first_tokens, decode_tokens) = (count(&first), count(&rest));
@@ -197,10 +197,10 @@ fn plain_request(
     context: String,
     context_ids: Option<Vec<u32>>,
     max_tokens: usize,
-    sampling: sesa_stages::policy::Sampling,
+    sampling: sesa_models::policy::Sampling,
     seed: u64,
-) -> sesa_stages::policy::GenerationRequest {
-    sesa_stages::policy::GenerationRequest {
+) -> sesa_models::policy::GenerationRequest {
+    sesa_models::policy::GenerationRequest {
         context,
         context_ids,
         max_tokens,
@@ -216,10 +216,10 @@ fn plain_request(
 /// its seed, as many tokens as it generated, and checks they are the same tokens. False when
 /// the trajectory's token ids are not exact.
 async fn replay(
-    policy: &dyn sesa_stages::policy::Policy,
+    policy: &dyn sesa_models::policy::Policy,
     trajectory: &sesa_stages::agent::Trajectory,
     seed: u64,
-    sampling: sesa_stages::policy::Sampling,
+    sampling: sesa_models::policy::Sampling,
 ) -> Result<bool> {
     let Some(prompt) = policy.tokenize(&trajectory.prompt).await?.filter(|_| trajectory.tokens_exact) else {
         return Ok(false);

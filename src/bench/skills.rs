@@ -14,7 +14,7 @@ pub async fn bench_skills(questions: &Path, limit: usize) -> Result<u8> {
     use sesa_stages::memory::{Embedder, MemorySection, MiniLm, Skill, SkillBank, SkillMeta, SkillText};
 
     let texts: Vec<String> = load_questions(questions)?.into_iter().take(limit).map(|q| q.question).collect();
-    let directory = sesa_stages::models::resolve_or_fetch("all-minilm-l6-v2").await?;
+    let directory = sesa_models::cache::resolve_or_fetch("all-minilm-l6-v2").await?;
     let model = MiniLm::load(&directory)?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     model.embed_batch(&refs[..refs.len().min(32)])?; // warm up

@@ -3,7 +3,7 @@
 //! with the prompt shared and apart, alternated.
 
 use anyhow::Result;
-use sesa_stages::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
+use sesa_models::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
 
 /// What `sesa bench-train` measures.
 pub struct TrainBench {
@@ -31,7 +31,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
         "lora" => Method::Lora(LoraMethod {
             rank: 16,
             alpha: 32.0,
-            targets: sesa_stages::train::MODULES.iter().map(|m| m.to_string()).collect(),
+            targets: sesa_models::train::MODULES.iter().map(|m| m.to_string()).collect(),
         }),
         other => anyhow::bail!("--method must be `full` or `lora`, not `{other}`"),
     };
@@ -42,12 +42,12 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
         anyhow::bail!("--prompt must be between 1 and --tokens − 1 ({}) with --group, not {prompt}", tokens - 1);
     }
     let source = sesa_stages::sections::local_model(&model).await?;
-    let files = tokio::task::spawn_blocking(move || sesa_stages::policy::ModelFiles::read(&source))
+    let files = tokio::task::spawn_blocking(move || sesa_models::policy::ModelFiles::read(&source))
         .await?
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(move || {
         let vocabulary = files.weights.shape.vocabulary;
-        let ids = sesa_stages::policy::bench_token_ids(tokens, vocabulary);
+        let ids = sesa_models::policy::bench_token_ids(tokens, vocabulary);
         let sequences: Vec<TrainSequence> = if group == 1 {
             let first_scored = tokens - ((tokens - 1) as f64 * scored.clamp(0.0, 1.0)).round() as usize;
             let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
@@ -56,7 +56,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
             // Each rollout continues the shared prompt with tokens of its own.
             (0..group)
                 .map(|r| {
-                    let own = sesa_stages::policy::bench_token_ids(tokens + r * 101, vocabulary);
+                    let own = sesa_models::policy::bench_token_ids(tokens + r * 101, vocabulary);
                     let mut sequence = ids[..prompt].to_vec();
                     sequence.extend(&own[own.len() - (tokens - prompt)..]);
                     let mask = (0..tokens).map(|i| u8::from(i >= prompt)).collect();

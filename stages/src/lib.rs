@@ -1,31 +1,22 @@
 //! The SESA domain: the stage kinds and spec sections of self-evolving search-agent
 //! experiments, registered for the `sesa` binary, and the parts they use.
 //!
+//! The models they run (kernels, weights, the model cache, policies, the trainer) are the
+//! `sesa-models` crate's, below this one.
+//!
 //! - `agent`: the multi-turn search-agent loop (proposer, solver, evaluation).
 //! - `memory`: the skill memory (skills, embedder, bank, distillation).
-//! - `models`: the model cache (`sesa model fetch`).
-//! - `policy`: language models behind one trait (mistral.rs in process, OpenAI-compatible
-//!   servers, scripted for tests).
 //! - `sections`: the `model:`, `judge:`, `agent:`, `prompts:` and `world:` sections of specs.
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //! - `selfplay`: the loop's stage kinds and the resources they share.
-//! - `train`: the trainer (a differentiable llama, AdamW, the optimizer step).
-//! - `weights`: a llama's F32 weights, read from GGUF or Hugging Face safetensors, written as
-//!   the latter.
 
 pub mod agent;
 pub mod data;
-mod kernels;
 pub mod memory;
-pub mod models;
-pub mod policy;
-mod retry;
 pub mod search;
 pub mod sections;
 pub mod selfplay;
-pub mod train;
-pub mod weights;
 
 use sesa_engine::Registry;
 

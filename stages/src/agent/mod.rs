@@ -21,8 +21,8 @@ pub use self::prompt::{
     VERIFIER_PROMPT,
 };
 pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
-use crate::policy::{FinishReason, GenerationRequest, KvCacheDtype, Policy, PolicyError, Precision, Sampling};
 use crate::search::{Search, SearchError, format_results};
+use sesa_models::policy::{FinishReason, GenerationRequest, KvCacheDtype, Policy, PolicyError, Precision, Sampling};
 
 /// Budgets of one episode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -369,5 +369,7 @@ impl AgentRun<'_> {
     }
 }
 
+#[cfg(test)]
+mod backend_tests;
 #[cfg(test)]
 mod tests;

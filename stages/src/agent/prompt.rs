@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::policy::ChatMessage;
+use sesa_models::policy::ChatMessage;
 
 /// What a kind of prompt may and must contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::policy::{ChatMessage, ScriptedPolicy};
 use crate::search::Bm25Index;
+use sesa_models::policy::{ChatMessage, ScriptedPolicy};
 
 fn index() -> (tempfile::TempDir, Arc<Bm25Index>) {
     let dir = tempfile::tempdir().unwrap();
@@ -46,7 +46,7 @@ fn run(script: fn(&str, u64) -> String, limits: AgentLimits, episodes: &[Episode
 
 fn episode(seed: u64) -> Episode {
     let prompt = ChatMessage::new("user", "What is the capital of Veltria?");
-    Episode { prompt: crate::policy::ChatTemplate::Chatml.render(&[prompt]), seed }
+    Episode { prompt: sesa_models::policy::ChatTemplate::Chatml.render(&[prompt]), seed }
 }
 
 #[test]
@@ -161,14 +161,15 @@ impl Policy for SlowPolicy {
     fn tokenize<'a>(
         &'a self,
         text: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, crate::policy::PolicyError>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
         self.0.tokenize(text)
     }
 
     fn generate<'a>(
         &'a self,
         requests: &'a [GenerationRequest],
-    ) -> futures::future::BoxFuture<'a, Result<Vec<crate::policy::Generation>, crate::policy::PolicyError>> {
+    ) -> futures::future::BoxFuture<'a, Result<Vec<sesa_models::policy::Generation>, sesa_models::policy::PolicyError>>
+    {
         Box::pin(async move {
             tokio::time::sleep(self.1).await;
             self.0.generate(requests).await

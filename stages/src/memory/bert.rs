@@ -12,7 +12,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use crate::kernels::{Dense, KvHead, Precision, add_assign, attend};
+use sesa_models::kernels::{Dense, KvHead, Precision, add_assign, attend};
 
 /// The embedder keeps F32 weights: it embeds each text once (its speed hardly shows in a run),
 /// and its cosine scores decide which skills a solver is shown, so they stay as the published

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 
 use super::skill::SkillText;
 use crate::agent::PromptTemplate;
-use crate::policy::{GenerationRequest, Policy, PolicyError, Sampling};
+use sesa_models::policy::{GenerationRequest, Policy, PolicyError, Sampling};
 
 /// What the solver got wrong on one question, compact enough for a judge's prompt.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,8 +6,8 @@ use sesa_engine::{ConfigProblem, Section};
 
 use super::bank::{BankConfig, UsageRule};
 use super::embed::{CachedEmbedder, EmbedError, HashedWords, MiniLm};
-use crate::models;
 use sesa_engine::deserialize_tagged;
+use sesa_models::cache;
 
 /// Which sentence embedder retrieves and deduplicates skills.
 #[derive(Debug, Clone, PartialEq, JsonSchema)]
@@ -141,7 +141,7 @@ impl Section for MemorySection {
         }
         if let EmbedderConfig::Minilm(MinilmConfig { model }) = &self.embedder
             && !std::path::Path::new(model).exists()
-            && !models::KNOWN_MODELS.iter().any(|m| m.name == model)
+            && !cache::KNOWN_MODELS.iter().any(|m| m.name == model)
         {
             problems.push(ConfigProblem::new(
                 "embedder.model",
@@ -182,7 +182,7 @@ impl MemorySection {
     pub async fn open_embedder(&self) -> Result<CachedEmbedder, EmbedError> {
         Ok(CachedEmbedder::new(match &self.embedder {
             EmbedderConfig::Minilm(MinilmConfig { model }) => {
-                let directory = models::resolve_or_fetch(model)
+                let directory = cache::resolve_or_fetch(model)
                     .await
                     .map_err(|e| EmbedError { name: model.clone(), message: e.to_string() })?;
                 Box::new(

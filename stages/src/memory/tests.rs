@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use super::*;
-use crate::models;
+use sesa_models::cache;
 
 fn minilm() -> MiniLm {
-    let home = models::sesa_home();
-    let directory = models::fetch(&home, "all-minilm-l6-v2").expect("fetching all-minilm-l6-v2");
+    let home = cache::sesa_home();
+    let directory = cache::fetch(&home, "all-minilm-l6-v2").expect("fetching all-minilm-l6-v2");
     MiniLm::load(&directory).unwrap()
 }
 
@@ -116,7 +116,7 @@ fn the_packed_encoder_agrees_with_candle_bert() {
     use candle_core::{DType, Device, Tensor};
     use candle_transformers::models::bert::{BertModel, Config};
 
-    let directory = models::fetch(&models::sesa_home(), "all-minilm-l6-v2").unwrap();
+    let directory = cache::fetch(&cache::sesa_home(), "all-minilm-l6-v2").unwrap();
     let config: Config =
         serde_json::from_str(&std::fs::read_to_string(directory.join("config.json")).unwrap()).unwrap();
     let weights = [directory.join("model.safetensors")];
@@ -242,13 +242,13 @@ fn snapshots_read_back_into_the_same_skills() {
 /// well-formed skills.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_local_model_distils_failures_into_well_formed_skills() {
-    let candle = tokio::task::spawn_blocking(crate::policy::testing::smollm2_candle).await.unwrap();
+    let candle = tokio::task::spawn_blocking(sesa_models::policy::testing::smollm2_candle).await.unwrap();
     distils_one_well_formed_skill(&candle).await;
     #[cfg(feature = "mistralrs")]
-    distils_one_well_formed_skill(&crate::policy::testing::smollm2(1).await).await;
+    distils_one_well_formed_skill(&sesa_models::policy::testing::smollm2(1).await).await;
 }
 
-async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {
+async fn distils_one_well_formed_skill(policy: &dyn sesa_models::policy::Policy) {
     let failures = [
         FailureRecord {
             id: "f1-0-0".into(),
@@ -281,7 +281,7 @@ async fn distils_one_well_formed_skill(policy: &dyn crate::policy::Policy) {
         template: &template,
         max_skills: 1,
         max_tokens: 320,
-        sampling: crate::policy::Sampling::GREEDY,
+        sampling: sesa_models::policy::Sampling::GREEDY,
     };
     let batches: [&[FailureRecord]; 1] = [&failures];
     let distilled = distiller.distill(&batches, &[7]).await.unwrap();

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::corpus::parse_passage;
 use super::{Hit, Search, SearchError};
-use crate::retry::{Attempt, with_retries};
+use sesa_models::retry::{Attempt, with_retries};
 
 /// Where the retriever is and how patiently to talk to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

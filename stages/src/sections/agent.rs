@@ -11,7 +11,7 @@ use crate::agent::{
     AgentLimits, DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, SOLVER_PROMPT,
     VERIFIER_PROMPT,
 };
-use crate::policy::Sampling;
+use sesa_models::policy::Sampling;
 
 /// Budgets and sampling of every agent episode.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -36,7 +36,7 @@ pub struct AgentSection {
 
 mod defaults {
     use crate::agent::AgentLimits;
-    use crate::policy::Sampling;
+    use sesa_models::policy::Sampling;
 
     pub fn max_turns() -> usize {
         AgentLimits::default().max_turns

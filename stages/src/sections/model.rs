@@ -9,11 +9,11 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
 use super::MAX_TOKENS;
-use crate::models;
-use crate::policy::{
+use sesa_engine::deserialize_tagged;
+use sesa_models::cache;
+use sesa_models::policy::{
     CandleConfig, CandlePolicy, MistralRsConfig, OpenAiConfig, OpenAiPolicy, Policy, PolicyError, ServerTemplate,
 };
-use sesa_engine::deserialize_tagged;
 
 /// The policy: a local model served in process, or an OpenAI-compatible server.
 #[derive(Debug, Clone, PartialEq, JsonSchema)]
@@ -59,7 +59,7 @@ impl Section for ModelSection {
             ModelSection::Openai(config) => {
                 let mut problems = Vec::new();
                 if let ServerTemplate::From(reference) = &config.chat_template
-                    && let Some(Err(message)) = models::HubReference::parse(reference)
+                    && let Some(Err(message)) = cache::HubReference::parse(reference)
                 {
                     problems.push(ConfigProblem::new("chat_template.from", message));
                 }
@@ -82,7 +82,7 @@ impl Section for ModelSection {
             ModelSection::Openai(config) => {
                 let mut requirements = model_servers(config);
                 if let ServerTemplate::From(reference) = &config.chat_template
-                    && models::HubReference::parse(reference).is_none()
+                    && cache::HubReference::parse(reference).is_none()
                 {
                     requirements.push(Requirement::path(
                         "chat_template.from",
@@ -123,13 +123,13 @@ fn model_servers(config: &OpenAiConfig) -> Vec<Requirement> {
 
 /// A local model must be a file or a name `sesa model fetch` knows.
 fn check_local_model(model: &str) -> Option<ConfigProblem> {
-    if let Some(reference) = models::HubReference::parse(model) {
+    if let Some(reference) = cache::HubReference::parse(model) {
         return reference.err().map(|message| ConfigProblem::new("model", message));
     }
-    if Path::new(model).exists() || models::KNOWN_MODELS.iter().any(|m| m.name == model) {
+    if Path::new(model).exists() || cache::KNOWN_MODELS.iter().any(|m| m.name == model) {
         return None;
     }
-    let known: Vec<&str> = models::KNOWN_MODELS.iter().map(|m| m.name).collect();
+    let known: Vec<&str> = cache::KNOWN_MODELS.iter().map(|m| m.name).collect();
     Some(ConfigProblem::new(
         "model",
         format!(
@@ -146,7 +146,7 @@ impl ModelSection {
             #[cfg(feature = "mistralrs")]
             ModelSection::Mistralrs(config) => {
                 let file = local_gguf(&config.model).await?;
-                Ok(Arc::new(crate::policy::MistralRsPolicy::load(&file, config.instances).await?))
+                Ok(Arc::new(sesa_models::policy::MistralRsPolicy::load(&file, config.instances).await?))
             }
             #[cfg(not(feature = "mistralrs"))]
             ModelSection::Mistralrs(config) => Err(PolicyError::Backend {
@@ -171,7 +171,7 @@ impl ModelSection {
 /// A Hugging Face directory named in a spec, or else the GGUF file of the local model.
 pub async fn local_model(model: &str) -> Result<PathBuf, PolicyError> {
     let error = |message: String| PolicyError::Backend { name: model.to_string(), message };
-    let path = models::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
+    let path = cache::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
     if path.is_dir() && path.join("config.json").exists() {
         return Ok(path);
     }
@@ -182,7 +182,7 @@ pub async fn local_model(model: &str) -> Result<PathBuf, PolicyError> {
 #[cfg(feature = "mistralrs")]
 async fn local_gguf(model: &str) -> Result<std::path::PathBuf, PolicyError> {
     let error = |message: String| PolicyError::Backend { name: model.to_string(), message };
-    let path = models::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
+    let path = cache::resolve_or_fetch(model).await.map_err(|e| error(e.to_string()))?;
     gguf_in(&path).map_err(error)
 }
 

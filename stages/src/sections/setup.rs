@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{AgentSection, ModelSection, PromptsSection, WorldSection};
 use crate::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
-use crate::policy::{Policy, PolicyError};
+use sesa_models::policy::{Policy, PolicyError};
 
 /// Why an agent could not be set up from a spec.
 #[derive(Debug, thiserror::Error)]

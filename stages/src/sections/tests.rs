@@ -4,7 +4,7 @@ use crate::memory::EmbedderConfig;
 use crate::search::Backend;
 use crate::sections::ModelSection;
 use crate::selfplay::ProposerReward;
-use crate::train::Method;
+use sesa_models::train::Method;
 
 fn error<T: serde::de::DeserializeOwned + std::fmt::Debug>(yaml: &str) -> String {
     serde_yaml::from_str::<T>(yaml).unwrap_err().to_string()

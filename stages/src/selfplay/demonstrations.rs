@@ -32,10 +32,10 @@ use crate::agent::{PromptTemplate, Role, information_block};
 use crate::data::datasets::Question;
 use crate::data::world::World;
 use crate::memory::{FailureRecord, Induction, Skill, SkillMeta, induce, prompt_block};
-use crate::policy::Policy;
 use crate::search::{Search, format_results};
-use crate::train::TrainSequence;
 use sesa_engine::columns::Reader;
+use sesa_models::policy::Policy;
+use sesa_models::train::TrainSequence;
 
 /// A demonstration: its role, its text and its tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -486,8 +486,8 @@ mod tests {
     use crate::agent::{PROPOSER_PROMPT, SOLVER_PROMPT};
     use crate::data::metrics::contains_answer;
     use crate::data::world::{World, WorldConfig};
-    use crate::policy::testing::smollm2_candle;
     use crate::search::Bm25Index;
+    use sesa_models::policy::testing::smollm2_candle;
 
     fn template(name: &str, kind: crate::agent::PromptKind) -> PromptTemplate {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/prompts").join(name);

@@ -19,12 +19,12 @@ use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
 use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, RetrieveBy, SkillBank, skills_from_batch};
-use crate::policy::Policy;
 use crate::search::Search;
 use crate::sections::{
     AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, ProposerModelSection, SetupError,
 };
 use sesa_engine::columns::Reader;
+use sesa_models::policy::Policy;
 
 /// The prompt templates of the loop, loaded and checked.
 pub struct Templates {

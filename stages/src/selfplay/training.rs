@@ -26,11 +26,11 @@ use sesa_engine::{
 use sha2::{Digest, Sha256};
 
 use crate::agent::Role;
-use crate::policy::Policy;
 use crate::sections::MAX_TOKENS;
-use crate::train::{LoraMethod, Method, TrainModel, Trainer, new_adapters};
-use crate::weights::LlamaWeights;
 use sesa_engine::columns::{Columns, Reader, schema_of};
+use sesa_models::policy::Policy;
+use sesa_models::train::{LoraMethod, Method, TrainModel, Trainer, new_adapters};
+use sesa_models::weights::LlamaWeights;
 
 /// The `trainer:` section: what is trained and how much memory a micro-batch may take.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -237,7 +237,7 @@ impl Training {
     }
 
     fn initial(&self) -> Result<TrainModel, String> {
-        Ok(model_for(crate::policy::ModelFiles::read(&self.source)?.weights, &self.section.method))
+        Ok(model_for(sesa_models::policy::ModelFiles::read(&self.source)?.weights, &self.section.method))
     }
 
     /// The trainer state, loading the initial weights on first use; the caller puts it back
@@ -266,7 +266,7 @@ impl Training {
     pub async fn reference_model(self: &Arc<Self>) -> Result<TrainModel, StageError> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            crate::policy::ModelFiles::read(&this.source).map(|f| TrainModel::new(f.weights))
+            sesa_models::policy::ModelFiles::read(&this.source).map(|f| TrainModel::new(f.weights))
         })
         .await
         .map_err(|e| StageError::Failed(e.to_string()))?
@@ -679,7 +679,7 @@ pub async fn publish_version(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::weights::testing::{random, tiny_shape};
+    use sesa_models::weights::testing::{random, tiny_shape};
 
     fn state(seed: u64) -> TrainState {
         TrainState {

@@ -16,10 +16,10 @@ use crate::memory::{
     Distiller, FailureRecord, Induction, SkillEvent, SkillEventKind, SkillMeta, events_batch, induce_batch,
     skills_batch,
 };
-use crate::policy::Sampling;
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 use sesa_engine::columns::{Columns, schema_of};
+use sesa_models::policy::Sampling;
 
 /// The config of `consolidate`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

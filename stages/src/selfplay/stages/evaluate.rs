@@ -23,11 +23,11 @@ use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table};
 use crate::agent::{AgentRun, Episode, PromptTemplate, Role};
 use crate::data::datasets::{Question, load_questions};
 use crate::data::metrics::{exact_match, f1_score};
-use crate::policy::{Policy, Sampling};
 use crate::search::{Bm25Index, Search, bm25_requirements};
 use crate::sections::WorldSection;
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 use sesa_engine::columns::{Columns, schema_of};
+use sesa_models::policy::{Policy, Sampling};
 
 /// One question set.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -28,8 +28,8 @@ pub use self::update::{ExternalCheckpoint, Update, UpdateConfig, train_with_sesa
 pub use self::verify::Verify;
 pub use self::warmup::{Warmup, WarmupConfig};
 use crate::agent::{Outcome, Trajectory};
-use crate::policy::{KvCacheDtype, Precision};
 use sesa_engine::columns::{Columns, schema_of};
+use sesa_models::policy::{KvCacheDtype, Precision};
 
 /// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
 /// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.

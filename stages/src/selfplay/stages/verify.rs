@@ -20,12 +20,12 @@ use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, pe
 use crate::agent::{AgentRun, Episode, Outcome, Role};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
-use crate::policy::{GenerationRequest, Policy, Sampling};
 use crate::search::{PassageSearch, parse_results};
 use crate::sections::MAX_TOKENS;
 use crate::selfplay::resources::{PooledQuestion, SelfPlay, Templates, pool_start};
 use crate::selfplay::rules::{judge_says_correct, verifier_answer};
 use sesa_engine::columns::{Columns, Reader, schema_of};
+use sesa_models::policy::{GenerationRequest, Policy, Sampling};
 
 /// Who answers in the RAG check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]

@@ -26,8 +26,8 @@ use crate::selfplay::rules::ValidityRules;
 use crate::selfplay::training::{
     Published, Training, by_training, checkpoints_table, policy_versions_table, publish_version,
 };
-use crate::train::{OptimizerConfig, StepReport, TrainSequence};
 use sesa_engine::columns::{Columns, schema_of};
+use sesa_models::train::{OptimizerConfig, StepReport, TrainSequence};
 
 /// Demonstrations written from a generated world's questions.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

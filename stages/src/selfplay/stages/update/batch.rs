@@ -7,8 +7,8 @@ use arrow_array::RecordBatch;
 use sesa_engine::{StageError, Tables};
 
 use super::super::failed;
-use crate::train::{TrainSequence, baseline_advantages, group_advantages};
 use sesa_engine::columns::Reader;
+use sesa_models::train::{TrainSequence, baseline_advantages, group_advantages};
 
 /// One trajectory to learn from.
 #[derive(Debug, Clone, PartialEq)]

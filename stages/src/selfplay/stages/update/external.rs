@@ -32,10 +32,10 @@ use sesa_engine::StageError;
 
 use super::UpdateRow;
 use super::batch::RoleBatch;
-use crate::policy::ServerUrls;
 use crate::selfplay::training::TrainedModel;
-use crate::train::{ClippedObjective, OptimizerConfig};
 use sesa_engine::columns::Columns;
+use sesa_models::policy::ServerUrls;
+use sesa_models::train::{ClippedObjective, OptimizerConfig};
 
 /// The version of this contract, in every manifest of a run whose models are the one shared
 /// `model:`.
@@ -397,9 +397,9 @@ pub fn train_with_sesa(
     proposer_model: Option<&Path>,
     micro_batch_tokens: usize,
 ) -> Result<TrainerResult, String> {
-    use crate::policy::ModelFiles;
     use crate::selfplay::training::TrainState;
-    use crate::train::{TrainModel, Trainer};
+    use sesa_models::policy::ModelFiles;
+    use sesa_models::train::{TrainModel, Trainer};
     let text = std::fs::read(manifest_path).map_err(|e| format!("reading {}: {e}", manifest_path.display()))?;
     let manifest: Manifest =
         serde_json::from_slice(&text).map_err(|e| format!("parsing {}: {e}", manifest_path.display()))?;

@@ -7,7 +7,7 @@ use super::batch::RoleBatch;
 use super::{UpdateConfig, UpdateRow};
 use crate::selfplay::stages::elapsed_ms;
 use crate::selfplay::training::TrainState;
-use crate::train::{TrainSequence, logprobs};
+use sesa_models::train::{TrainSequence, logprobs};
 
 /// Mean and largest absolute difference between two log-probability lists, over the pairs.
 fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &mut usize) {
@@ -194,8 +194,8 @@ pub(super) fn update_role(
 mod tests {
     use super::*;
     use crate::selfplay::stages::update::batch::{Sample, lack_token_ids};
-    use crate::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
-    use crate::weights::testing::{random, tiny_shape};
+    use sesa_models::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
+    use sesa_models::weights::testing::{random, tiny_shape};
 
     #[test]
     fn a_guided_token_is_weighted_by_the_truncated_ratio_of_the_trained_prompt_to_the_hinted() {

@@ -2,7 +2,7 @@
 //! the reward stage's proposer rewards (optionally against a running-mean baseline), then the
 //! solver by GRPO from its rollouts' rewards, normalised within each question's group, as in
 //! SSP: two updates of the one shared policy, proposer first. Both minimise the clipped
-//! objective of [`crate::train::objective`] with a KL penalty to the initial policy.
+//! objective of [`sesa_models::train::objective`] with a KL penalty to the initial policy.
 //!
 //! Old log-probabilities are the trainer's, recomputed on the weights the role's update starts
 //! from (as verl does), never the serving backend's: its precision then cannot bias the ratio.
@@ -38,8 +38,8 @@ use crate::selfplay::training::{
     PolicyVersion, Published, TrainState, TrainedModel, by_model, by_training, checkpoints_table,
     policy_versions_batch, policy_versions_table, publish_version,
 };
-use crate::train::{ClippedObjective, OptimizerConfig};
 use sesa_engine::columns::{Columns, schema_of};
+use sesa_models::train::{ClippedObjective, OptimizerConfig};
 
 /// The proposer's running-mean reward baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]

@@ -144,10 +144,10 @@ impl ServerTemplate {
             ServerTemplate::Chatml => return Ok(ChatFormat::Chatml),
             ServerTemplate::From(reference) => reference,
         };
-        let path = match crate::models::HubReference::parse(reference) {
+        let path = match crate::cache::HubReference::parse(reference) {
             Some(Ok(mut hub)) => {
                 hub.file.get_or_insert_with(|| "tokenizer_config.json".into());
-                hub.fetch(&crate::models::sesa_home()).await.map_err(|e| e.to_string())?
+                hub.fetch(&crate::cache::sesa_home()).await.map_err(|e| e.to_string())?
             }
             Some(Err(message)) => return Err(message),
             None => std::path::PathBuf::from(reference),
@@ -495,5 +495,7 @@ impl Policy for OpenAiPolicy {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 #[cfg(test)]
 mod tests;

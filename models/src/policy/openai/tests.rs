@@ -1,114 +1,15 @@
-//! The OpenAI-compatible backend against HTTP test servers standing in for vLLM and for a
-//! server that gives neither token ids nor a tokenizer.
+//! The OpenAI-compatible backend against HTTP test servers: several of them, overloaded, dying,
+//! or serving their own chat template.
 
 use std::sync::Arc;
 
 use axum::routing::post;
 use axum::{Json, Router};
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::fake::{config, plain_completions, serve};
 use super::*;
-use crate::agent::{AgentLimits, AgentRun, Episode, Outcome, Role};
 use crate::policy::Sampling;
-use crate::search::Bm25Index;
-
-/// The turn the fake model writes for a context, and the stop string it ends at.
-fn fake_turn(prompt: &str) -> (&'static str, &'static str) {
-    if prompt.contains("<information>") {
-        ("<answer>Orla", "</answer>")
-    } else {
-        ("<search>capital of Veltria", "</search>")
-    }
-}
-
-async fn vllm_completions(Json(body): Json<Value>) -> Json<Value> {
-    let (text, stop) = fake_turn(body["prompt"].as_str().unwrap());
-    let text = if body["include_stop_str_in_output"] == true { format!("{text}{stop}") } else { text.to_string() };
-    let tokens: Vec<String> = text.bytes().map(|b| format!("token_id:{b}")).collect();
-    let logprobs: Vec<f32> = tokens.iter().map(|_| -0.5).collect();
-    Json(json!({ "choices": [{ "text": text, "finish_reason": "stop", "stop_reason": stop,
-        "logprobs": { "tokens": tokens, "token_logprobs": logprobs } }] }))
-}
-
-async fn vllm_tokenize(Json(body): Json<Value>) -> Json<Value> {
-    let tokens: Vec<u32> = body["prompt"].as_str().unwrap().bytes().map(u32::from).collect();
-    Json(json!({ "tokens": tokens }))
-}
-
-async fn plain_completions(Json(body): Json<Value>) -> Json<Value> {
-    let (text, _) = fake_turn(body["prompt"].as_str().unwrap());
-    Json(
-        json!({ "choices": [{ "text": text, "finish_reason": "stop", "logprobs": { "tokens": ["x"], "token_logprobs": [-0.1] } }] }),
-    )
-}
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{address}/v1")
-}
-
-fn config(base_url: String) -> OpenAiConfig {
-    OpenAiConfig {
-        base_url: ServerUrls::one(base_url),
-        model: "fake".into(),
-        api_key_env: None,
-        chat_template: ServerTemplate::Chatml,
-        timeout_secs: 5.0,
-        retries: 0,
-        max_concurrency: 4,
-    }
-}
-
-async fn solve(policy: &OpenAiPolicy) -> Vec<crate::agent::Trajectory> {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus.jsonl");
-    std::fs::write(&corpus, r#"{"id": "w1", "title": "Orla", "text": "Orla is the capital of Veltria."}"#).unwrap();
-    Bm25Index::build(&corpus, &dir.path().join("index"), |_| {}).unwrap();
-    let index = Arc::new(Bm25Index::open(&dir.path().join("index")).unwrap());
-    let agent = AgentRun {
-        role: Role::Solver,
-        policy,
-        search: &index,
-        top_k: 1,
-        limits: AgentLimits::default(),
-        sampling: Sampling { temperature: 1.0, top_p: 1.0 },
-    };
-    let prompt = policy.render_chat(&[ChatMessage::new("user", "What is the capital of Veltria?")]);
-    let episodes: Vec<Episode> = (0..3).map(|seed| Episode { prompt: prompt.clone(), seed }).collect();
-    agent.run(&episodes).await.unwrap()
-}
-
-#[tokio::test]
-async fn a_vllm_like_server_gives_exact_tokens() {
-    let url =
-        serve(Router::new().route("/v1/completions", post(vllm_completions)).route("/tokenize", post(vllm_tokenize)))
-            .await;
-    let policy = OpenAiPolicy::new(config(url)).await.unwrap();
-    for trajectory in solve(&policy).await {
-        assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
-        assert!(trajectory.tokens_exact);
-        assert!(
-            trajectory
-                .response
-                .starts_with("<search>capital of Veltria</search>\n<information>\nDoc 1 (Title: \"Orla\")")
-        );
-        let bytes: Vec<u8> = trajectory.token_ids.iter().map(|&id| id as u8).collect();
-        assert_eq!(String::from_utf8(bytes).unwrap(), trajectory.response);
-        assert!(trajectory.logprobs.iter().all(|&lp| lp <= 0.0));
-    }
-}
-
-#[tokio::test]
-async fn a_plain_server_works_and_the_trajectory_says_tokens_are_inexact() {
-    let url = serve(Router::new().route("/v1/completions", post(plain_completions))).await;
-    let policy = OpenAiPolicy::new(config(url)).await.unwrap();
-    for trajectory in solve(&policy).await {
-        assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()), "SSP's rule closes the open tag");
-        assert!(!trajectory.tokens_exact);
-    }
-}
 
 #[tokio::test]
 async fn an_unreachable_server_is_named() {

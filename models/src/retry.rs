@@ -12,26 +12,31 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 
 /// The longest pause between two attempts, whatever the doubling or a server asks for.
-pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(60);
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// What to do after a failed attempt.
-pub(crate) enum Attempt {
+pub enum Attempt {
     /// A passing failure (connection, timeout, 429, 5xx): try again, after the server's
     /// `Retry-After` when it gave one.
-    Retry { message: String, after: Option<Duration> },
+    Retry {
+        /// What failed.
+        message: String,
+        /// The server's `Retry-After`, when it gave one.
+        after: Option<Duration>,
+    },
     /// A failure that will not go away by retrying.
     GiveUp(String),
 }
 
 impl Attempt {
     /// A passing failure with no word from the server on when to retry.
-    pub(crate) fn retry(message: impl Into<String>) -> Attempt {
+    pub fn retry(message: impl Into<String>) -> Attempt {
         Attempt::Retry { message: message.into(), after: None }
     }
 
     /// Reads an HTTP answer: a 429 or 5xx is a passing failure (with its `Retry-After`),
     /// another non-success status is final, and success is `None`.
-    pub(crate) fn from_status(response: &reqwest::Response, message: impl FnOnce() -> String) -> Option<Attempt> {
+    pub fn from_status(response: &reqwest::Response, message: impl FnOnce() -> String) -> Option<Attempt> {
         let status = response.status();
         if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
             let after = response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
@@ -65,7 +70,7 @@ fn pause_before_retry(pause: Duration, after: Option<Duration>, rng: &mut impl R
 /// Runs `attempt` until it succeeds, gives up, or has been retried `retries` times, pausing
 /// about `first_pause`, then twice as long each time (see the module's doc). The error says
 /// how many attempts were made.
-pub(crate) async fn with_retries<T, F, Fut>(
+pub async fn with_retries<T, F, Fut>(
     retries: u32,
     first_pause: Duration,
     who: &str,

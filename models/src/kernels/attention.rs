@@ -45,7 +45,7 @@ impl std::str::FromStr for KvCacheDtype {
 }
 
 /// A number a KV cache holds.
-pub(crate) trait KvValue: Copy + Send + Sync {
+pub trait KvValue: Copy + Send + Sync {
     /// Appends `values`, rounded to this type.
     fn store(values: &[f32], into: &mut Vec<Self>);
     /// The value as F32 (exactly).
@@ -100,13 +100,19 @@ impl KvValue for f16 {
 /// The keys and values of one key-value head over `count` tokens: token `j`'s key is
 /// `keys[j * stride + offset..][..width]`, its value the same slice of `values`.
 #[derive(Clone, Copy)]
-pub(crate) struct KvHead<'a, T = f32> {
-    pub(crate) keys: &'a [T],
-    pub(crate) values: &'a [T],
-    pub(crate) count: usize,
-    pub(crate) stride: usize,
-    pub(crate) offset: usize,
-    pub(crate) width: usize,
+pub struct KvHead<'a, T = f32> {
+    /// Every token's keys, `stride` apart.
+    pub keys: &'a [T],
+    /// Every token's values, laid out as `keys`.
+    pub values: &'a [T],
+    /// Tokens attended to.
+    pub count: usize,
+    /// Numbers between one token's entries and the next's.
+    pub stride: usize,
+    /// Where this head's entries start within a token's.
+    pub offset: usize,
+    /// Numbers in one head's key (and value).
+    pub width: usize,
 }
 
 /// Softmax attention of the query heads that share one key-value head (`queries`: one or more
@@ -117,13 +123,7 @@ pub(crate) struct KvHead<'a, T = f32> {
 /// (grouped-query attention: three query heads per key-value head in SmolLM2), but each head's
 /// arithmetic is its own, in the order it would have alone: a head's output does not depend
 /// on the others.
-pub(crate) fn attend<T: KvValue>(
-    queries: &[f32],
-    head: KvHead<'_, T>,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+pub fn attend<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
     let KvHead { count, width, .. } = head;
     assert!(
         width > 0 && queries.len() >= width && queries.len().is_multiple_of(width),

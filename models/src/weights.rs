@@ -418,8 +418,8 @@ fn permute_rows(matrix: &[f32], heads: usize, head_dim: usize, target: impl Fn(u
     out
 }
 
-#[cfg(test)]
-pub(crate) mod testing {
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
     //! Tiny random models for tests.
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;

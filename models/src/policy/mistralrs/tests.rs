@@ -4,10 +4,8 @@
 use std::sync::Arc;
 
 use super::MistralRsPolicy;
-use crate::agent::{AgentLimits, AgentRun, Episode, PromptTemplate, Role, SOLVER_PROMPT};
 use crate::policy::testing::smollm2;
 use crate::policy::{ChatMessage, GenerationRequest, Policy, Sampling};
-use crate::search::testing::SharedPack;
 
 fn greedy(policy: &MistralRsPolicy, question: &str) -> GenerationRequest {
     GenerationRequest {
@@ -41,57 +39,6 @@ async fn concurrent_and_sequential_greedy_completions_agree() {
     }
     let distinct: std::collections::HashSet<&str> = together.iter().map(|g| g.text.as_str()).collect();
     assert_eq!(distinct.len(), 4, "different prompts, different answers: {together:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_solver_on_hotpotqa_records_exact_reproducible_trajectories() {
-    let Some(pack) = SharedPack::open("hotpotqa") else { return };
-    let questions = &pack.questions;
-    let index = Arc::new(pack.index);
-    let policy = smollm2(2).await;
-    let prompts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs/prompts/solver_small.yaml");
-    let template = PromptTemplate::load_kind(&prompts, SOLVER_PROMPT).unwrap();
-    let episodes: Vec<Episode> = questions
-        .iter()
-        .take(2)
-        .enumerate()
-        .map(|(i, q)| Episode {
-            prompt: policy.render_chat(&template.render(&[("question", q.question.clone())].into_iter().collect())),
-            seed: i as u64,
-        })
-        .collect();
-    let limits = AgentLimits { max_turns: 2, max_turn_tokens: 40, max_total_tokens: 80, context_limit: 4096 };
-    let agent = AgentRun {
-        role: Role::Solver,
-        policy: &policy,
-        search: &index,
-        top_k: 2,
-        limits,
-        sampling: Sampling { temperature: 1.0, top_p: 1.0 },
-    };
-    let first = agent.run(&episodes).await.unwrap();
-    let second = agent.run(&episodes).await.unwrap();
-    for (a, b) in first.iter().zip(&second) {
-        assert_eq!(
-            (&a.token_ids, &a.response, &a.outcome),
-            (&b.token_ids, &b.response, &b.outcome),
-            "same seed, same trajectory"
-        );
-        assert!(a.tokens_exact);
-        assert_eq!(a.token_ids.len(), a.logprobs.len());
-        assert_eq!(a.token_ids.len(), a.loss_mask.len());
-        assert!(a.logprobs.iter().all(|&lp| lp <= 0.0), "natural-log probabilities");
-        let generated: Vec<u32> =
-            a.token_ids.iter().zip(&a.loss_mask).filter(|(_, m)| **m == 1).map(|(id, _)| *id).collect();
-        assert_eq!(generated.len(), a.generated_tokens());
-        let decoded = policy.decode(&a.token_ids).await.unwrap();
-        assert_eq!(decoded, a.response, "the ids decode back to the text");
-        for turn in &a.turns {
-            if turn.query.is_some() {
-                assert!(!turn.retrieved_ids.is_empty());
-            }
-        }
-    }
 }
 
 /// An external trainer's checkpoint (a Hugging Face directory, here the GGUF's weights written
