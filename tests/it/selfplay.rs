@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{Array, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
 use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRequest, load_pipeline, read_table};
+use sesa_models::policy::ScriptedPolicy;
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
 use sesa_stages::data::world::{World, WorldConfig};
 use sesa_stages::memory::{CachedEmbedder, HashedWords, MemorySection, SkillBank};
-use sesa_stages::policy::ScriptedPolicy;
 use sesa_stages::search::Bm25Index;
 use sesa_stages::sections::AgentSection;
 use sesa_stages::selfplay::{FailureQueue, InitialPolicy, LoopResources, SelfPlay, SkillMemory, Templates};
@@ -137,10 +137,10 @@ pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopRe
 fn resources_with(
     dir: &Path,
     contexts: Arc<Mutex<Vec<String>>>,
-    judge: Option<Arc<dyn sesa_stages::policy::Policy>>,
+    judge: Option<Arc<dyn sesa_models::policy::Policy>>,
     proposer_model: bool,
 ) -> LoopResources {
-    let proposer_policy: Option<Arc<dyn sesa_stages::policy::Policy>> =
+    let proposer_policy: Option<Arc<dyn sesa_models::policy::Policy>> =
         proposer_model.then(|| Arc::new(ScriptedPolicy::new(script)) as _);
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
         contexts.lock().unwrap().push(context.to_string());

@@ -10,15 +10,15 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use arrow_array::types::{Float32Type, UInt32Type};
 use rand::{Rng, SeedableRng};
+use sesa_models::policy::ModelFiles;
+use sesa_models::weights::{BlockWeights, LlamaShape, LlamaWeights};
 use sesa_stages::data::world::{World, WorldConfig};
-use sesa_stages::policy::ModelFiles;
-use sesa_stages::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
 use crate::support::{ChildRegistry, only_run, run_sesa_with, sesa_script, sesa_with, spawn_sesa_with, stdout, write};
 
 /// A two-block llama of width 16 over SmolLM2's vocabulary, random weights drawn from `seed`.
 fn tiny_model(out: &Path, seed: u64) {
-    let gguf = sesa_stages::models::fetch(&sesa_stages::models::sesa_home(), "smollm2-135m-instruct")
+    let gguf = sesa_models::cache::fetch(&sesa_models::cache::sesa_home(), "smollm2-135m-instruct")
         .unwrap()
         .join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let files = ModelFiles::read(&gguf).unwrap();
@@ -386,7 +386,7 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     let rollouts = table("rollouts", 3, "solve");
     assert!(integers(rollouts, "policy_version").iter().all(|&v| v == 3));
     let gap = |weights: &LlamaWeights| {
-        let model = sesa_stages::train::TrainModel::new(weights.clone());
+        let model = sesa_models::train::TrainModel::new(weights.clone());
         let (prompts, responses) =
             (lists::<UInt32Type>(rollouts, "prompt_ids"), lists::<UInt32Type>(rollouts, "token_ids"));
         let (masks, recorded) =
@@ -396,7 +396,7 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
             let tokens: Vec<u32> = prompts[r].iter().chain(&responses[r]).copied().collect();
             let trained: Vec<usize> = (0..responses[r].len()).filter(|&t| masks[r][t] != 0).collect();
             let positions: Vec<usize> = trained.iter().map(|t| prompts[r].len() + t).collect();
-            let example = sesa_stages::train::Example { tokens: &tokens, positions: &positions };
+            let example = sesa_models::train::Example { tokens: &tokens, positions: &positions };
             let scored = model.forward(&[example], 1.0).unwrap().logprobs.remove(0);
             for (s, &t) in scored.iter().zip(&trained) {
                 largest = largest.max((s - recorded[r][t]).abs());
@@ -665,7 +665,7 @@ fn portable_kernels_sample_the_same_trajectory_as_the_vector_ones() {
 #[test]
 fn a_model_exports_as_the_weights_it_is_loaded_with() {
     let dir = tempfile::tempdir().unwrap();
-    let gguf = sesa_stages::models::fetch(&sesa_stages::models::sesa_home(), "smollm2-135m-instruct")
+    let gguf = sesa_models::cache::fetch(&sesa_models::cache::sesa_home(), "smollm2-135m-instruct")
         .unwrap()
         .join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = dir.path().join("hf");
