@@ -371,7 +371,8 @@ impl Writer<'_> {
         };
         // Each step searched what the step before reached: the answer, then sₙ, … s₂.
         let mut queries: Vec<String> = walked[..hops].to_vec();
-        let confirmations = chain_searches(&chain).into_iter().take(rules.min_searches.saturating_sub(hops));
+        let confirmations =
+            chain_searches(&chain).into_iter().take(rules.searches_needed(hops as u64).saturating_sub(hops));
         for (hop, query) in confirmations.enumerate() {
             if !searched.get(self, &query).await?.1.contains(&chain.supporting_titles[hop]) {
                 return Ok(None);
@@ -386,7 +387,7 @@ impl Writer<'_> {
             turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
         }
         let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
-        if rules.check(Some(&chain.question), answer, &queries, &materials).is_err() {
+        if rules.check(Some(&chain.question), answer, hops as u64, &queries, &materials).is_err() {
             return Ok(None);
         }
         turns.push(WrittenTurn { text: format!("<question>{}</question>", chain.question), information: None });

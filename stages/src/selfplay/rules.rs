@@ -28,6 +28,11 @@ pub struct ValidityRules {
     /// Distinct searches the proposer must have made (SSP: 2).
     #[serde(default = "defaults::min_searches")]
     pub min_searches: usize,
+    /// At least one distinct search per hop asked for, when that is more than `min_searches`
+    /// (not SSP's: a rule for a proposer that writes the fewest searches valid whatever depth
+    /// it is asked, so that a question asked as four hops was searched as four).
+    #[serde(default)]
+    pub searches_per_hop: bool,
 }
 
 mod defaults {
@@ -52,17 +57,25 @@ impl Default for ValidityRules {
             max_chars: defaults::max_chars(),
             min_words: defaults::min_words(),
             min_searches: defaults::min_searches(),
+            searches_per_hop: false,
         }
     }
 }
 
 impl ValidityRules {
+    /// The distinct searches a proposal asked for `hops` hops must have made.
+    pub fn searches_needed(&self, hops: u64) -> usize {
+        let per_hop = if self.searches_per_hop { usize::try_from(hops).unwrap_or(usize::MAX) } else { 0 };
+        self.min_searches.max(per_hop)
+    }
+
     /// The question, cleaned of stray answer tags, or why it is invalid. `question` is the
-    /// proposer's first `<question>` (`None`: it wrote none).
+    /// proposer's first `<question>` (`None`: it wrote none), asked for `hops` hops.
     pub fn check(
         &self,
         question: Option<&str>,
         target: &str,
+        hops: u64,
         searches: &[&str],
         materials: &str,
     ) -> Result<String, String> {
@@ -91,8 +104,9 @@ impl ValidityRules {
         if distinct.len() < searches.len() {
             return Err("repeated search queries".into());
         }
-        if searches.len() < self.min_searches {
-            return Err(format!("{} searches, fewer than {}", searches.len(), self.min_searches));
+        let needed = self.searches_needed(hops);
+        if searches.len() < needed {
+            return Err(format!("{} searches, fewer than {needed}", searches.len()));
         }
         Ok(question)
     }

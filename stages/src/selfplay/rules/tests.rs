@@ -49,7 +49,7 @@ fn validity_rules_name_the_reason() {
     let rules = ValidityRules::default();
     let long = "Which city was the birthplace of the person who founded the company that built it?";
     let check = |q: Option<&str>, target: &str, searches: &[&str], materials: &str| {
-        rules.check(q, target, searches, materials).map_err(|e| e.to_string())
+        rules.check(q, target, 2, searches, materials).map_err(|e| e.to_string())
     };
     assert_eq!(check(Some(long), "Orla", &["a", "b"], "m"), Ok(long.to_string()));
     assert_eq!(
@@ -75,12 +75,28 @@ fn validity_rules_hold_at_their_edges() {
     let rules = ValidityRules::default();
     let ten = "Which city was the birthplace of the founder of Zelprabel?";
     let nine = "Which city was the birthplace of the founder Zelprabel?";
-    assert!(rules.check(Some(ten), "Orla", &["a", "b"], "m").is_ok());
-    assert_eq!(rules.check(Some(nine), "Orla", &["a", "b"], "m"), Err("9 words, fewer than 10".into()));
-    assert_eq!(rules.check(Some(ten), "Orla", &["a", "a", "b"], "m"), Err("repeated search queries".into()));
+    assert!(rules.check(Some(ten), "Orla", 2, &["a", "b"], "m").is_ok());
+    assert_eq!(rules.check(Some(nine), "Orla", 2, &["a", "b"], "m"), Err("9 words, fewer than 10".into()));
+    assert_eq!(rules.check(Some(ten), "Orla", 2, &["a", "a", "b"], "m"), Err("repeated search queries".into()));
     let long = "x".repeat(1001);
     let words = format!("{long} a b c d e f g h i");
-    assert_eq!(rules.check(Some(&words), "Orla", &["a", "b"], "m"), Err("1019 characters, outside 10..=1000".into()));
+    assert_eq!(
+        rules.check(Some(&words), "Orla", 2, &["a", "b"], "m"),
+        Err("1019 characters, outside 10..=1000".into())
+    );
+}
+
+/// With `searches_per_hop`, a proposal asked for four hops needs four distinct searches; one
+/// asked for fewer hops than `min_searches` still needs `min_searches`.
+#[test]
+fn searches_per_hop_asks_one_distinct_search_per_hop_asked() {
+    let ten = "Which city was the birthplace of the founder of Zelprabel?";
+    let per_hop = ValidityRules { searches_per_hop: true, ..ValidityRules::default() };
+    assert_eq!(per_hop.check(Some(ten), "Orla", 4, &["a", "b", "c"], "m"), Err("3 searches, fewer than 4".into()));
+    assert!(per_hop.check(Some(ten), "Orla", 4, &["a", "b", "c", "d"], "m").is_ok());
+    assert!(per_hop.check(Some(ten), "Orla", 1, &["a", "b"], "m").is_ok());
+    assert_eq!(per_hop.check(Some(ten), "Orla", 1, &["a"], "m"), Err("1 searches, fewer than 2".into()));
+    assert!(ValidityRules::default().check(Some(ten), "Orla", 4, &["a", "b"], "m").is_ok(), "SSP's rule: two");
 }
 
 #[test]

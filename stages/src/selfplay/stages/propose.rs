@@ -194,6 +194,7 @@ impl Stage for Propose {
                 let verdict = self.config.rules.check(
                     question.as_deref(),
                     &target.answer,
+                    target.hops,
                     &trajectory.queries(),
                     &materials(&trajectory.response),
                 );
