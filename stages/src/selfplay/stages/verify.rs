@@ -406,12 +406,14 @@ impl Stage for Verify {
         // Distinct draws take the pool's questions (each text once: two proposals can ask the
         // same) in a shuffled order until none is left.
         let mut unused: Vec<&PooledQuestion> = Vec::new();
-        for question in &available {
-            if !unused.iter().any(|u| u.question == question.question) {
-                unused.push(question);
+        if distinct {
+            for question in &available {
+                if !unused.iter().any(|u| u.question == question.question) {
+                    unused.push(question);
+                }
             }
+            unused.shuffle(&mut cx.rng(3_000_000));
         }
-        unused.shuffle(&mut cx.rng(3_000_000));
         let fallback = match (&self.config.fallback_questions, available.is_empty() || distinct) {
             (Some(path), true) => self.fallback.get(|| self.load_fallback(path))?,
             _ => Default::default(),
