@@ -38,25 +38,13 @@ const EXHAUSTIVE_MAX_DOCS: u64 = 200_000;
 const DOC_STORE_CACHE_BLOCKS: usize = 1024;
 
 /// Lowercase, English stopwords removed, Porter-style stemming: close to Pyserini's default.
-pub(super) fn analyzer() -> TextAnalyzer {
+fn analyzer() -> TextAnalyzer {
     TextAnalyzer::builder(SimpleTokenizer::default())
         .filter(RemoveLongFilter::limit(40))
         .filter(LowerCaser)
         .filter(StopWordFilter::new(Language::English).expect("tantivy ships English stopwords"))
         .filter(Stemmer::new(Language::English))
         .build()
-}
-
-/// The first `limit` terms `analyzer` makes of `text`: what an index holds of a passage, or
-/// searches for of a query.
-pub(super) fn analyzed(analyzer: &TextAnalyzer, text: &str, limit: usize) -> Vec<String> {
-    let mut analyzer = analyzer.clone();
-    let mut stream = analyzer.token_stream(text);
-    let mut terms = Vec::new();
-    while terms.len() < limit && stream.advance() {
-        terms.push(stream.token().text.clone());
-    }
-    terms
 }
 
 struct Fields {
@@ -283,8 +271,13 @@ impl Bm25Index {
         while !query.is_char_boundary(end) {
             end -= 1;
         }
-        let tokens = analyzed(&self.analyzer, &query[..end], MAX_QUERY_TERMS);
-        tokens.iter().map(|token| Term::from_field_text(self.fields.contents, token)).collect()
+        let mut analyzer = self.analyzer.clone();
+        let mut stream = analyzer.token_stream(&query[..end]);
+        let mut terms = Vec::new();
+        while stream.advance() && terms.len() < MAX_QUERY_TERMS {
+            terms.push(Term::from_field_text(self.fields.contents, &stream.token().text));
+        }
+        terms
     }
 
     /// The top-`k` passages for one free-text query. Never fails on any query text.
