@@ -15,6 +15,8 @@ pub struct PassageSearch {
     docs: Vec<Doc>,
     /// Each passage's terms (its title's and its text's).
     terms: Vec<Vec<String>>,
+    /// The passages' mean length in terms.
+    average: f32,
 }
 
 fn terms(text: &str) -> Vec<String> {
@@ -24,15 +26,15 @@ fn terms(text: &str) -> Vec<String> {
 impl PassageSearch {
     /// Searches `docs`.
     pub fn new(docs: Vec<Doc>) -> PassageSearch {
-        let terms = docs.iter().map(|d| terms(&format!("{} {}", d.title, d.text))).collect();
-        PassageSearch { docs, terms }
+        let terms: Vec<Vec<String>> = docs.iter().map(|d| terms(&format!("{} {}", d.title, d.text))).collect();
+        let average = terms.iter().map(Vec::len).sum::<usize>() as f32 / terms.len().max(1) as f32;
+        PassageSearch { docs, terms, average }
     }
 
     /// The top `k` passages for `query`, best first (ties in the passages' order); a passage
     /// that shares no term with the query is never returned.
     fn top(&self, query: &str, k: usize) -> Vec<Hit> {
         let n = self.docs.len() as f32;
-        let average = self.terms.iter().map(Vec::len).sum::<usize>() as f32 / n.max(1.0);
         let mut query = terms(query);
         query.sort_unstable();
         query.dedup();
@@ -52,7 +54,7 @@ impl PassageSearch {
                     .iter()
                     .map(|(term, idf)| {
                         let tf = self.terms[i].iter().filter(|t| *t == term).count() as f32;
-                        idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * length / average.max(1.0)))
+                        idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * length / self.average.max(1.0)))
                     })
                     .sum::<f32>();
                 (i, score)
