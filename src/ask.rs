@@ -58,7 +58,7 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
     let prompt = setup.policy.render_chat(&setup.template(request.role)?.render(&values));
     let run = setup.agent(request.role);
     let clock = std::time::Instant::now();
-    let trajectory = run.run(&[Episode { prompt, seed: request.seed }]).await?.remove(0);
+    let trajectory = run.run(&[Episode::new(prompt, request.seed)]).await?.remove(0);
     let seconds = clock.elapsed().as_secs_f64();
 
     let colour = std::io::stdout().is_terminal();

@@ -37,6 +37,7 @@ pub async fn bench_rollouts(
         .map(|(i, q)| Episode {
             prompt: setup.policy.render_chat(&template.render(&BTreeMap::from([("question", q.question.clone())]))),
             seed: i as u64,
+            written: None,
         })
         .collect();
     let sampling = setup.agent.sampling;

@@ -684,6 +684,87 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     }
 }
 
+/// `guidance: plan`: a question in the generated world's grammar whose rollouts all failed gets
+/// one more rollout under the bare prompt, its response opening with the written plan of the
+/// question's chain (`loss_mask` 2); p̂ ignores it; evaluation never opens with a plan; and a
+/// run resumed after a crash makes the same guided rollouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
+    let questions = world().join("world/questions.jsonl");
+    let verify = format!(
+        "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, pool_clear_interval: 1, fallback_questions: {}}}",
+        questions.display()
+    );
+    let eval = format!(
+        "  eval: {{kind: evaluate, after: [solve], benchmarks: {{world: {{questions: {}, limit: 3}}}}}}\n  consolidate:",
+        questions.display()
+    );
+    let edits = [
+        ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify.as_str()),
+        (
+            "solve: {kind: solve, after: [verify], n_rollouts: 3}",
+            "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: plan}",
+        ),
+        ("  consolidate:", eval.as_str()),
+    ];
+    let (lp, tables) = run_loop(&edits).await;
+    let (mut guided, mut guided_turns) = (0, 0);
+    for (step, rollouts) in &tables["rollouts"] {
+        let flags =
+            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let masks = rollouts.column_by_name("loss_mask").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let (items, indices, turns) =
+            (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), unsigned(rollouts, "turns"));
+        let (questions, prompts, hints, responses) = (
+            strings(rollouts, "question"),
+            strings(rollouts, "prompt"),
+            strings(rollouts, "hint"),
+            strings(rollouts, "response"),
+        );
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
+        for i in 0..rollouts.num_rows() {
+            let mask = masks.value(i);
+            let mask = mask.as_any().downcast_ref::<arrow_array::UInt32Array>().unwrap();
+            if !flags.value(i) {
+                assert!(hints[i].is_empty());
+                assert!(mask.iter().all(|m| m != Some(2)), "only a guided rollout has written tokens");
+                continue;
+            }
+            (guided, guided_turns) = (guided + 1, guided_turns + turns[i]);
+            assert_eq!(indices[i], 2, "one more rollout after the group's two");
+            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && j != i).collect();
+            assert!(
+                group.iter().all(|&j| reward[j] == Some(0.0)),
+                "step {step}: a group that had succeeded was guided"
+            );
+            assert_eq!(p_hat[i], Some(0.0), "p̂ counts the unguided rollouts only");
+            // The plan of the question's own chain, in the response, not the prompt.
+            let (start, relations) = World::read_question(&questions[i]).expect("a question of the world's grammar");
+            let then: String = relations[1..].iter().map(|r| format!(", then the {r} of it")).collect();
+            assert_eq!(hints[i], format!("<think>I need the {} of {start}{then}.</think>\n", relations[0]));
+            assert!(responses[i].starts_with(&hints[i]));
+            assert!(!prompts[i].contains("I need the"), "the recorded prompt is the bare one");
+            let written = mask.iter().take_while(|&m| m == Some(2)).count();
+            assert!(written > 0 && mask.iter().skip(written).all(|m| m != Some(2)), "the plan's tokens come first");
+        }
+    }
+    assert!(guided > 0, "some substitute's group failed and was guided");
+    assert_eq!(metric(&tables, "guided").iter().map(|(_, n)| *n).sum::<f64>(), guided as f64);
+    // Every context whose response opens with a plan is a turn of a guided rollout: evaluation
+    // (of the same world's questions) never gets one.
+    let contexts = lp.contexts.lock().unwrap().clone();
+    let planned = contexts
+        .iter()
+        .filter(|c| c.rsplit_once("<|im_start|>assistant\n").is_some_and(|(_, r)| r.starts_with("<think>I need the")))
+        .count();
+    assert_eq!(planned as u64, guided_turns);
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2)).await;
+    for table in ["verifications", "rollouts", "rewards"] {
+        assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
+    }
+}
+
 /// Greedy evaluation with the bank's skills in the solver's prompt and without: same
 /// questions, one row each per step, the bank version recorded only with memory on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,7 @@ async fn solve(policy: &OpenAiPolicy) -> Vec<Trajectory> {
         sampling: Sampling { temperature: 1.0, top_p: 1.0 },
     };
     let prompt = policy.render_chat(&[ChatMessage::new("user", "What is the capital of Veltria?")]);
-    let episodes: Vec<Episode> = (0..3).map(|seed| Episode { prompt: prompt.clone(), seed }).collect();
+    let episodes: Vec<Episode> = (0..3).map(|seed| Episode::new(prompt.clone(), seed)).collect();
     agent.run(&episodes).await.unwrap()
 }
 
@@ -81,6 +81,7 @@ mod mistralrs {
             .map(|(i, q)| Episode {
                 prompt: policy.render_chat(&template.render(&[("question", q.question.clone())].into_iter().collect())),
                 seed: i as u64,
+                written: None,
             })
             .collect();
         let limits = AgentLimits { max_turns: 2, max_turn_tokens: 40, max_total_tokens: 80, context_limit: 4096 };

@@ -50,7 +50,40 @@ pub struct Episode {
     pub prompt: String,
     /// The episode's seed; turn seeds derive from it.
     pub seed: u64,
+    /// Text written into the response rather than sampled (guidance); `None`: all the model's.
+    pub written: Option<Written>,
 }
+
+impl Episode {
+    /// An episode whose response is all the model's.
+    pub fn new(prompt: String, seed: u64) -> Episode {
+        Episode { prompt, seed, written: None }
+    }
+}
+
+/// What guidance writes into a response: the model goes on from it as from its own text, and
+/// training learns it as written (`loss_mask` 2, no sampling probability).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Written {
+    /// What the response opens with; the first turn continues from it.
+    pub opening: String,
+    /// Per turn: text written after the turn's first thought closes (`</think>`) unless that
+    /// thought already says it (its words after `<think>`), so that the turn goes on where
+    /// the model would have stopped.
+    pub after_thought: Vec<Option<String>>,
+}
+
+impl Written {
+    /// What to write after turn `turn`'s closed thought `text`, if anything.
+    fn after(&self, turn: usize, text: &str) -> Option<&str> {
+        let written = self.after_thought.get(turn)?.as_deref()?;
+        let words = written.trim_start().trim_start_matches("<think>").trim();
+        (!text.contains(words)).then_some(written)
+    }
+}
+
+/// Where a thought ends: a turn with text to write after it stops there first.
+const THOUGHT_END: &str = "</think>";
 
 /// How an episode ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -81,9 +114,9 @@ impl Outcome {
 /// One generation turn of an episode.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Turn {
-    /// The generated text.
+    /// The turn's text: what the model generated, with any [`Written`] text within it.
     pub text: String,
-    /// Tokens generated.
+    /// Tokens generated (written ones not counted).
     pub tokens: usize,
     /// Why generation stopped.
     pub finish: FinishReason,
@@ -113,9 +146,10 @@ pub struct Trajectory {
     pub outcome: Outcome,
     /// Token ids of `response` (generated and retrieved), when the policy gives ids.
     pub token_ids: Vec<u32>,
-    /// 1 for generated tokens, 0 for retrieved ones: what training may learn from.
+    /// 1 for generated tokens, 0 for retrieved ones, 2 for [`Written`] ones (trained as
+    /// written, never sampled): what training may learn from.
     pub loss_mask: Vec<u8>,
-    /// Natural-log probability per token of `token_ids` (0 for retrieved tokens).
+    /// Natural-log probability per token of `token_ids` (0 for retrieved and written tokens).
     pub logprobs: Vec<f32>,
     /// Whether `token_ids`, `loss_mask` and `logprobs` are exact; false when the policy
     /// backend cannot give token ids or log-probs (e.g. some OpenAI-compatible servers).
@@ -279,40 +313,77 @@ impl AgentRun<'_> {
             precision: self.policy.precision(),
             kv_cache_dtype: self.policy.kv_cache_dtype(),
         };
+        if let Some(written) = &episode.written {
+            self.write(&mut trajectory, &written.opening).await?;
+        }
         for turn in 0..self.limits.max_turns {
-            let request = self.request(&trajectory, prompt_ids.as_deref(), turn_seed(episode.seed, turn));
-            let clock = Instant::now();
-            let generation = busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
-            let generation = generation.into_iter().next().ok_or_else(|| {
-                AgentError::Contract(format!("policy `{}` answered no generation for a request", self.policy.name()))
-            })?;
-            let generation_ms = clock.elapsed().as_millis() as u64;
-            let tokens =
-                generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
-            trajectory.response.push_str(&generation.text);
-            match (&generation.token_ids, &generation.logprobs) {
-                (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
-                    trajectory.token_ids.extend(ids);
-                    trajectory.logprobs.extend(logprobs);
-                    trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+            // The turn's text, as the protocol reads it: the first turn acts on the opening and
+            // what followed it, as if generated whole.
+            let mut text = match &episode.written {
+                Some(written) if turn == 0 => written.opening.clone(),
+                _ => String::new(),
+            };
+            let after_thought =
+                episode.written.as_ref().is_some_and(|w| w.after_thought.get(turn).is_some_and(Option::is_some));
+            let (mut tokens, mut generation_ms, mut part) = (0, 0, 0);
+            let finish = loop {
+                // A turn's later parts get seeds of their own; its first keeps the turn's seed.
+                let seed = turn_seed(episode.seed, turn) ^ part;
+                let mut request = self.request(&trajectory, prompt_ids.as_deref(), seed, tokens);
+                if after_thought && part == 0 {
+                    request.stop.push(THOUGHT_END.to_string());
                 }
-                _ => trajectory.tokens_exact = false,
-            }
+                let clock = Instant::now();
+                let generation =
+                    busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
+                let generation = generation.into_iter().next().ok_or_else(|| {
+                    AgentError::Contract(format!(
+                        "policy `{}` answered no generation for a request",
+                        self.policy.name()
+                    ))
+                })?;
+                generation_ms += clock.elapsed().as_millis() as u64;
+                let generated =
+                    generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
+                tokens += generated;
+                trajectory.response.push_str(&generation.text);
+                text.push_str(&generation.text);
+                match (&generation.token_ids, &generation.logprobs) {
+                    (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
+                        trajectory.token_ids.extend(ids);
+                        trajectory.logprobs.extend(logprobs);
+                        trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+                    }
+                    _ => trajectory.tokens_exact = false,
+                }
+                let budget_left = trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
+                    && tokens < self.limits.max_turn_tokens;
+                if part > 0 || !after_thought || !text.ends_with(THOUGHT_END) || !budget_left {
+                    break generation.finish;
+                }
+                // The thought closed where a written continuation may go: write it (unless the
+                // model said it already), then let the model go on with the turn.
+                if let Some(written) = episode.written.as_ref().and_then(|w| w.after(turn, &text)) {
+                    self.write(&mut trajectory, written).await?;
+                    text.push_str(written);
+                }
+                part += 1;
+            };
             trajectory.turns.push(Turn {
-                text: generation.text.clone(),
+                text: text.clone(),
                 tokens,
-                finish: generation.finish,
+                finish,
                 query: None,
                 retrieved_ids: Vec::new(),
                 generation_ms,
                 search_ms: 0,
             });
             let last_turn = turn + 1 == self.limits.max_turns;
-            let query = match parse_turn(self.role, &generation.text) {
+            let query = match parse_turn(self.role, &text) {
                 TurnAction::Final(text) => return Ok(trajectory.ending(Outcome::Final(text))),
                 TurnAction::Malformed(error) => {
-                    let over_budget = generation.finish == FinishReason::Length
-                        && trajectory.generated_tokens() >= self.limits.max_total_tokens;
+                    let over_budget =
+                        finish == FinishReason::Length && trajectory.generated_tokens() >= self.limits.max_total_tokens;
                     let outcome = if over_budget { Outcome::TokenBudget } else { Outcome::FormatError(error) };
                     return Ok(trajectory.ending(outcome));
                 }
@@ -351,15 +422,36 @@ impl AgentRun<'_> {
         Ok(trajectory)
     }
 
-    fn request(&self, trajectory: &Trajectory, prompt_ids: Option<&[u32]>, seed: u64) -> GenerationRequest {
-        let remaining = self.limits.max_total_tokens.saturating_sub(trajectory.generated_tokens());
+    /// Appends `text` to the response as written, not sampled.
+    async fn write(&self, trajectory: &mut Trajectory, text: &str) -> Result<(), AgentError> {
+        trajectory.response.push_str(text);
+        match self.policy.tokenize(text).await? {
+            Some(ids) if trajectory.tokens_exact => {
+                trajectory.loss_mask.extend(std::iter::repeat_n(2, ids.len()));
+                trajectory.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
+                trajectory.token_ids.extend(ids);
+            }
+            _ => trajectory.tokens_exact = false,
+        }
+        Ok(())
+    }
+
+    /// The next generation of a turn that has generated `in_turn` tokens so far.
+    fn request(
+        &self,
+        trajectory: &Trajectory,
+        prompt_ids: Option<&[u32]>,
+        seed: u64,
+        in_turn: usize,
+    ) -> GenerationRequest {
+        let remaining = self.limits.max_total_tokens.saturating_sub(trajectory.generated_tokens() + in_turn);
         GenerationRequest {
             context: format!("{}{}", trajectory.prompt, trajectory.response),
             context_ids: match (prompt_ids, trajectory.tokens_exact) {
                 (Some(prompt), true) => Some(prompt.iter().chain(&trajectory.token_ids).copied().collect()),
                 _ => None,
             },
-            max_tokens: self.limits.max_turn_tokens.min(remaining).max(1),
+            max_tokens: self.limits.max_turn_tokens.saturating_sub(in_turn).min(remaining).max(1),
             stop: self.role.stop_strings(),
             sampling: self.sampling,
             seed,

@@ -46,7 +46,7 @@ fn run(script: fn(&str, u64) -> String, limits: AgentLimits, episodes: &[Episode
 
 fn episode(seed: u64) -> Episode {
     let prompt = ChatMessage::new("user", "What is the capital of Veltria?");
-    Episode { prompt: sesa_models::policy::ChatTemplate::Chatml.render(&[prompt]), seed }
+    Episode::new(sesa_models::policy::ChatTemplate::Chatml.render(&[prompt]), seed)
 }
 
 #[test]
@@ -84,6 +84,86 @@ fn a_search_then_an_answer_is_recorded_turn_by_turn() {
     assert_eq!(trajectory.logprobs.len(), trajectory.token_ids.len());
     assert!(trajectory.logprobs.iter().all(|&lp| lp <= 0.0));
     assert_eq!(trajectory.generated_tokens(), trajectory.loss_mask.iter().filter(|&&m| m == 1).count());
+}
+
+#[test]
+fn a_written_opening_is_continued_by_the_model_and_marked_as_written() {
+    // The model sees the opening as its own and goes on from it: a turn that only closes
+    // the search the opening began is acted on.
+    let finish_search: fn(&str, u64) -> String = |context, _| match context.rsplit_once("(Title: \"") {
+        None => {
+            assert!(context.ends_with("<think>I need the capital.</think>\n<search>"), "{context}");
+            "capital of Veltria</search>".to_string()
+        }
+        Some((_, rest)) => format!("<answer>{}</answer><|im_end|>", rest.split('"').next().unwrap()),
+    };
+    let opening = "<think>I need the capital.</think>\n<search>";
+    let written = Written { opening: opening.to_string(), after_thought: Vec::new() };
+    let episode = Episode { written: Some(written), ..episode(1) };
+    let trajectory = run(finish_search, AgentLimits::default(), &[episode]).remove(0);
+    assert_eq!(trajectory.queries(), ["capital of Veltria"]);
+    assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
+    assert!(trajectory.response.starts_with(opening));
+    // The opening's tokens come first, marked 2, with no sampling probability; the model's
+    // own are 1 and only they count as generated.
+    let written = opening.len();
+    assert_eq!(trajectory.loss_mask[..written], vec![2; written]);
+    assert_eq!(trajectory.logprobs[..written], vec![0.0; written]);
+    assert_eq!(trajectory.loss_mask[written], 1);
+    assert_eq!(trajectory.generated_tokens(), trajectory.loss_mask.iter().filter(|&&m| m == 1).count());
+    let bytes: Vec<u8> = trajectory.token_ids.iter().map(|&id| id as u8).collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), trajectory.response);
+}
+
+/// Answers after one search unless told to go on; goes on as told.
+fn stops_after_one_search(context: &str, _seed: u64) -> String {
+    if context.ends_with("Next, the country of") {
+        return " Orla.</think>\n<search>Orla country</search>".into();
+    }
+    match context.matches("<information>").count() {
+        0 => "<think>Looking.</think>\n<search>capital of Veltria</search>".into(),
+        1 => "<think>Found Orla.</think>\n<answer>Orla</answer>".into(),
+        _ => "<answer>Veltria</answer>".into(),
+    }
+}
+
+/// Goes on by itself where [`stops_after_one_search`] would answer.
+fn goes_on(context: &str, seed: u64) -> String {
+    match (context.matches("<information>").count(), context.ends_with("</think>")) {
+        (1, false) => "<think>Found Orla. Next, the country of Orla.</think>\n<search>Orla country</search>".into(),
+        (1, true) => "\n<search>Orla country</search>".into(),
+        _ => stops_after_one_search(context, seed),
+    }
+}
+
+#[test]
+fn text_written_after_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
+    let after = "\n<think>Next, the country of";
+    let written = Written { opening: String::new(), after_thought: vec![None, Some(after.to_string())] };
+    let guided = Episode { written: Some(written), ..episode(1) };
+    let trajectory = run(stops_after_one_search, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
+    assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
+    assert_eq!(trajectory.outcome, Outcome::Final("Veltria".into()));
+    assert_eq!(
+        trajectory.turns[1].text,
+        "<think>Found Orla.</think>\n<think>Next, the country of Orla.</think>\n<search>Orla country</search>"
+    );
+    let written: Vec<u8> = trajectory
+        .token_ids
+        .iter()
+        .zip(&trajectory.loss_mask)
+        .filter(|(_, m)| **m == 2)
+        .map(|(&id, _)| id as u8)
+        .collect();
+    assert_eq!(String::from_utf8(written).unwrap(), after);
+    assert_eq!(trajectory.generated_tokens(), trajectory.loss_mask.iter().filter(|&&m| m == 1).count());
+    // A model that goes on by itself is left alone: nothing is written.
+    let trajectory = run(goes_on, AgentLimits::default(), &[guided]).remove(0);
+    assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
+    assert!(trajectory.loss_mask.iter().all(|&m| m != 2));
+    // Without written text the first model answers after one search.
+    let trajectory = run(stops_after_one_search, AgentLimits::default(), &[episode(1)]).remove(0);
+    assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
 }
 
 #[test]

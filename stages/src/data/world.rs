@@ -462,6 +462,38 @@ impl World {
         inner.iter().all(|r| r.range().is_some()).then(|| compose(start, &relations))
     }
 
+    /// The inverse of [`Self::compose_question`]: the entity a question written in the world's
+    /// grammar starts at and the relations it follows (nouns, in reading order); `None` for any
+    /// other text. Only the grammar is read, not a world: the entity need not exist.
+    pub fn read_question(question: &str) -> Option<(String, Vec<&'static str>)> {
+        // A template's text around its subject, found by rendering it with a marker.
+        fn around(render: impl Fn(&str) -> String, text: &str) -> Option<&str> {
+            let template = render("\u{0}");
+            let (prefix, suffix) = template.split_once('\u{0}')?;
+            text.strip_prefix(prefix)?.strip_suffix(suffix).filter(|subject| !subject.is_empty())
+        }
+        let read = |last: Relation| {
+            let mut subject = around(|s| last.question(s), question)?;
+            let mut relations = vec![last];
+            while let Some((inner, relation)) = Relation::ALL
+                .into_iter()
+                .filter(|r| r.range().is_some())
+                .find_map(|r| around(|s| r.phrase(s), subject).map(|s| (s, r)))
+            {
+                relations.push(relation);
+                subject = inner;
+            }
+            relations.reverse();
+            let nouns: Vec<&'static str> = relations.iter().map(|r| r.noun()).collect();
+            (World::compose_question(subject, &nouns).as_deref() == Some(question))
+                .then(|| (subject.to_string(), nouns))
+        };
+        // The grammar is ambiguous where a name could hold a template's words ("Who is the
+        // mother of X married to?" also reads as the mother of "X married to"): the reading
+        // that starts at the shortest name wins.
+        Relation::ALL.into_iter().filter_map(read).min_by_key(|(start, _)| start.len())
+    }
+
     /// The passage of entity `index`: every fact about it, in plain sentences.
     fn passage(&self, index: usize) -> String {
         let entity = &self.entities[index];

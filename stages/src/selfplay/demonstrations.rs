@@ -193,6 +193,16 @@ pub fn demonstration_skills(questions: &[&Question], share: &SkillShare) -> Vec<
         .collect()
 }
 
+/// The first thought of a solver's demonstration: the whole chain from `start` at once ("I
+/// need the birthplace of Orla, then the country of it."), so that how many searches remain is
+/// written where later turns can read it rather than only in the question.
+pub fn plan_thought(start: &str, relations: &[impl AsRef<str>]) -> String {
+    let mut relations = relations.iter().map(AsRef::as_ref);
+    let first = relations.next().unwrap_or_default();
+    let then: String = relations.map(|r| format!(", then the {r} of it")).collect();
+    format!("I need the {first} of {start}{then}.")
+}
+
 /// What writing demonstrations needs from the run.
 pub struct Writer<'a> {
     /// The policy (its chat template and tokenizer).
@@ -281,10 +291,7 @@ impl Writer<'_> {
         let queries = chain_searches(question);
         for ((hop, title), query) in titles.iter().enumerate().zip(queries) {
             let need = match relation(hop) {
-                Some(relation) if hop == 0 => {
-                    let then: String = relations[1..].iter().map(|r| format!(", then the {r} of it")).collect();
-                    format!("I need the {relation} of {title}{then}.")
-                }
+                Some(_) if hop == 0 => plan_thought(title, relations),
                 Some(relation) => format!("Next, the {relation} of {title}."),
                 None => format!("I need to read about {title}."),
             };

@@ -125,6 +125,7 @@ fn a_question_is_composed_from_its_chain_and_its_facts_lead_to_the_answer() {
         let relations: Vec<&str> = q.supporting_relations.iter().map(String::as_str).collect();
         let start = &q.supporting_titles[0];
         assert_eq!(World::compose_question(start, &relations).as_ref(), Some(&q.question));
+        assert_eq!(World::read_question(&q.question), Some((start.clone(), relations.clone())), "read back");
         assert_eq!(w.follow(start, &relations).as_ref(), Some(&q.golden_answers[0]));
         // Each passage on the chain states the next one (an entity: an inner relation), the
         // last the answer; by the hop's relation, or another that leads there too (a mother
@@ -153,4 +154,17 @@ fn a_question_is_composed_from_its_chain_and_its_facts_lead_to_the_answer() {
     assert_eq!(World::compose_question(start, &["birth year", "country"]), None);
     assert_eq!(World::compose_question(start, &["favourite colour"]), None);
     assert_eq!(w.follow(start, &["founding year"]), None);
+    // Text outside the grammar is not read, however close.
+    assert_eq!(World::read_question("In which country is ?"), None);
+    assert_eq!(World::read_question("In which country was Orla born?"), None);
+    assert_eq!(World::read_question("Where is the city where Orla was born?"), None);
+    assert_eq!(
+        World::read_question("Who is the mother of the employer of Orla Veny married to?"),
+        Some(("Orla Veny".to_string(), vec!["employer", "mother", "spouse"])),
+        "the reading from the shortest name"
+    );
+    assert_eq!(
+        World::read_question("Who founded the employer of the spouse of The Glass Meridian?"),
+        Some(("The Glass Meridian".to_string(), vec!["spouse", "employer", "founder"]))
+    );
 }

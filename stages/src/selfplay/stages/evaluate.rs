@@ -356,6 +356,8 @@ impl Stage for Evaluate {
                             .render(&BTreeMap::from([("question", q.question.clone()), ("skills", skills.clone())])),
                     ),
                     seed: 0,
+                    // Evaluation is never guided.
+                    written: None,
                 })
                 .collect();
             let agent = AgentRun {

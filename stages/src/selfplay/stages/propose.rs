@@ -183,6 +183,7 @@ impl Stage for Propose {
                         ("hops", target.hops.to_string()),
                     ]))),
                     seed: cx.seed(i as u64),
+                    written: None,
                 })
                 .collect();
         let (trajectories, generation_ms, search_ms) = play(cx, &selfplay, Role::Proposer, &episodes).await?;

@@ -8,7 +8,10 @@
 //! order a solver meets them. The guided rollout is recorded under the unhinted prompt
 //! (`guided: true`, the hint in `hint`), so the update trains its tokens as the answer to the
 //! question alone: privileged-context self-distillation, with its sampling log-probabilities
-//! (under the hint) kept for the off-policy correction.
+//! (under the hint) kept for the off-policy correction. With `guidance: plan`, the extra
+//! rollout keeps the bare prompt and its response opens with a written plan of the question's
+//! chain, which the solver then carries out: the depth a small solver never plans on its own
+//! is written for it, and a success trains the plan (`loss_mask` 2) under the bare prompt.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -20,8 +23,10 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
-use crate::agent::{Episode, Role, Trajectory};
+use crate::agent::{Episode, Role, Trajectory, Written};
+use crate::data::world::World;
 use crate::memory::{RetrieveBy, SkillEvent, SkillEventKind, events_batch};
+use crate::selfplay::demonstrations::plan_thought;
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
 use sesa_engine::columns::{Columns, Reader, schema_of};
@@ -54,6 +59,44 @@ pub enum Guidance {
     /// trained as if the prompt had no hint (questions with a path: the proposer's, or a
     /// generated world's substitutes).
     Hint,
+    /// One more rollout whose response opens with the plan a solver's demonstration opens
+    /// with, written from the question's own chain ("I need the spouse of X, then the
+    /// birthplace of it, then the country of it."); the solver carries it out under its own
+    /// prompt. The plan's tokens are trained as written, the rest as sampled. Questions in the
+    /// generated world's grammar only (the chain is read from the question's text).
+    Plan,
+}
+
+/// What a plan-guided rollout of `question` has written, or `None` when the question is not in
+/// the generated world's grammar: the plan of its chain, the first thought of a solver's
+/// demonstration; and after the thought of each turn that has read a hop short of the end, the
+/// step on to the next relation ("Next, the country of"), where a solver shown only two hops
+/// answers instead.
+pub fn plan(question: &str) -> Option<Written> {
+    let (start, relations) = World::read_question(question)?;
+    let opening = format!("<think>{}</think>\n", plan_thought(&start, &relations));
+    // Turn k has read k results; relation k follows.
+    let after_thought =
+        (0..relations.len()).map(|k| (k > 0).then(|| format!("\n<think>Next, the {} of", relations[k]))).collect();
+    Some(Written { opening, after_thought })
+}
+
+/// The help a guided rollout gets.
+enum Help {
+    /// Appended to the question in its prompt.
+    Hint(String),
+    /// Written into its response.
+    Plan(Written),
+}
+
+impl Help {
+    /// As the `hint` column records it.
+    fn recorded(self) -> String {
+        match self {
+            Help::Hint(hint) => hint,
+            Help::Plan(written) => written.opening,
+        }
+    }
 }
 
 /// The hint of a question from the path it was built along (searches, in the order a solver
@@ -87,7 +130,8 @@ pub(super) struct Rollout {
     target: String,
     source: String,
     skill_ids: Vec<String>,
-    /// The hint its prompt carried, for a guided rollout (recorded under the unhinted prompt).
+    /// For a guided rollout, the hint its prompt carried (recorded under the unhinted prompt)
+    /// or the plan its response opened with.
     hint: Option<String>,
     trajectory: Trajectory,
 }
@@ -232,7 +276,7 @@ impl Stage for Solve {
         for (k, &i) in asked.iter().enumerate() {
             let prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
             for rollout in 0..self.config.n_rollouts as u64 {
-                episodes.push(Episode { prompt: prompt.clone(), seed: cx.seed((items[i] << 20) | rollout) });
+                episodes.push(Episode::new(prompt.clone(), cx.seed((items[i] << 20) | rollout)));
                 rows.push((k, i, rollout));
             }
         }
@@ -249,7 +293,7 @@ impl Stage for Solve {
         };
         let mut rollouts: Vec<Rollout> =
             rows.into_iter().zip(trajectories).map(|(row, t)| rollout(row, None, t)).collect();
-        if self.config.guidance == Guidance::Hint {
+        if self.config.guidance != Guidance::None {
             let paths = verifications.strs("path")?;
             let mut guided = Vec::new();
             for (k, &i) in asked.iter().enumerate() {
@@ -258,30 +302,46 @@ impl Stage for Solve {
                 let failed = group.iter().all(|r| {
                     solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None) == 0.0
                 });
-                if let Some(hint) = Some(&paths[i]).filter(|_| failed).and_then(|p| hint(p, targets[i])) {
-                    guided.push((k, i, hint));
+                let question = questions[i].unwrap_or_default();
+                let help = match self.config.guidance {
+                    Guidance::Hint => hint(&paths[i], targets[i]).map(Help::Hint),
+                    _ => plan(question).map(Help::Plan),
+                };
+                if let Some(help) = help.filter(|_| failed) {
+                    guided.push((k, i, help));
                 }
             }
             let n = self.config.n_rollouts as u64;
             let episodes: Vec<Episode> = guided
                 .iter()
-                .map(|(k, i, hint)| Episode {
-                    prompt: render(&format!("{}{hint}", questions[*i].unwrap_or_default()), blocks[*k].clone()),
-                    seed: cx.seed((items[*i] << 20) | n),
+                .map(|(k, i, help)| {
+                    let (question, seed) = (questions[*i].unwrap_or_default(), cx.seed((items[*i] << 20) | n));
+                    match help {
+                        Help::Hint(hint) => {
+                            Episode::new(render(&format!("{question}{hint}"), blocks[*k].clone()), seed)
+                        }
+                        Help::Plan(written) => Episode {
+                            prompt: render(question, blocks[*k].clone()),
+                            seed,
+                            written: Some(written.clone()),
+                        },
+                    }
                 })
                 .collect();
             let (trajectories, generation, search) = play(cx, &selfplay, Role::Solver, &episodes).await?;
             (generation_ms, search_ms) = (generation_ms + generation, search_ms + search);
-            for ((k, i, hint), mut trajectory) in guided.into_iter().zip(trajectories) {
-                // Recorded under the prompt without the hint: what the update trains it as.
-                trajectory.prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
-                if trajectory.tokens_exact {
-                    let ids =
-                        selfplay.policy.tokenize(&trajectory.prompt).await.map_err(|e| failed("tokenizing", e))?;
-                    trajectory.prompt_ids = ids.unwrap_or_default();
-                    trajectory.prompt_tokens = Some(trajectory.prompt_ids.len());
+            for ((k, i, help), mut trajectory) in guided.into_iter().zip(trajectories) {
+                if let Help::Hint(_) = help {
+                    // Recorded under the prompt without the hint: what the update trains it as.
+                    trajectory.prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
+                    if trajectory.tokens_exact {
+                        let ids =
+                            selfplay.policy.tokenize(&trajectory.prompt).await.map_err(|e| failed("tokenizing", e))?;
+                        trajectory.prompt_ids = ids.unwrap_or_default();
+                        trajectory.prompt_tokens = Some(trajectory.prompt_ids.len());
+                    }
                 }
-                rollouts.push(rollout((k, i, n), Some(hint), trajectory));
+                rollouts.push(rollout((k, i, n), Some(help.recorded()), trajectory));
             }
         }
         let metrics = [
@@ -372,6 +432,20 @@ mod tests {
         assert!(shown.skills[1].is_empty(), "another template is shown none");
         let by_question = retrieve(&memory_by(Some(0.99), RetrieveBy::Question), &questions).unwrap();
         assert!(by_question.skills.iter().all(|s| s.is_empty()), "names keep the question far from any skill");
+    }
+
+    #[test]
+    fn a_plan_is_the_demonstrations_first_thought_for_the_questions_chain() {
+        let question = "In which country is the city where the spouse of Orla Veny was born?";
+        let written = super::plan(question).unwrap();
+        assert_eq!(
+            written.opening,
+            "<think>I need the spouse of Orla Veny, then the birthplace of it, then the country of it.</think>\n"
+        );
+        // Nothing after the plan's own turn; then the step to each relation left.
+        let next = |r: &str| Some(format!("\n<think>Next, the {r} of"));
+        assert_eq!(written.after_thought, [None, next("birthplace"), next("country")]);
+        assert!(super::plan("Which entity hides behind the word CODE-x here?").is_none(), "not the world's grammar");
     }
 
     #[test]

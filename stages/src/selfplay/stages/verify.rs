@@ -365,7 +365,7 @@ impl Stage for Verify {
                             limits,
                             sampling: Sampling::GREEDY,
                         };
-                        let trajectory = agent.run(&[Episode { prompt, seed }]).await?.pop();
+                        let trajectory = agent.run(&[Episode::new(prompt, seed)]).await?.pop();
                         Ok::<_, crate::agent::AgentError>(match trajectory.map(|t| t.outcome) {
                             Some(Outcome::Final(answer)) => answer,
                             _ => String::new(),

@@ -30,9 +30,14 @@ pub(super) struct Sample {
     pub exact: bool,
     /// The policy version that generated it.
     pub policy_version: u64,
-    /// Sampled with a hint the trained prompt lacks: `logprobs` are the hinted policy's.
+    /// Guided: sampled with a hint the trained prompt lacks (`logprobs` are the hinted policy's),
+    /// or opened with a written plan (`loss_mask` [`WRITTEN`]).
     pub guided: bool,
 }
+
+/// `loss_mask` of a token written rather than sampled: trained on, with no sampling
+/// probability to correct by.
+const WRITTEN: u32 = 2;
 
 impl Sample {
     /// Whether the policy gave its token ids (in-process training needs them).
@@ -52,20 +57,29 @@ impl Sample {
         Some(TrainSequence { tokens, mask })
     }
 
-    /// The sampling log-probabilities at the scored positions of [`Self::sequence`] (empty when
-    /// inexact).
-    pub fn sampled_at(&self, sequence: &TrainSequence) -> Vec<f32> {
-        if !self.exact {
-            return Vec::new();
+    /// For a guided rollout, at each scored position of [`Self::sequence`], the log-probability
+    /// it was sampled with (under a hint), or `None` for a token written rather than sampled
+    /// (a plan's, `loss_mask` 2); `None` for an unguided rollout and when inexact.
+    pub fn guided_at(&self, sequence: &TrainSequence) -> Option<Vec<Option<f32>>> {
+        if !self.guided || !self.exact {
+            return None;
         }
         let offset = self.prompt_ids.len();
-        sequence.positions().iter().map(|&p| self.logprobs.get(p - offset).copied().unwrap_or(0.0)).collect()
+        let at = |p: usize| match self.loss_mask.get(p - offset) {
+            Some(&WRITTEN) => None,
+            _ => Some(self.logprobs.get(p - offset).copied().unwrap_or(0.0)),
+        };
+        Some(sequence.positions().iter().map(|&p| at(p)).collect())
     }
 
     /// The serving log-probabilities of the trained prompt at the scored positions: those it was
     /// sampled with, unless a hint changed its prompt (empty then, and when inexact).
     pub fn serving_at(&self, sequence: &TrainSequence) -> Vec<f32> {
-        if self.guided { Vec::new() } else { self.sampled_at(sequence) }
+        if self.guided || !self.exact {
+            return Vec::new();
+        }
+        let offset = self.prompt_ids.len();
+        sequence.positions().iter().map(|&p| self.logprobs.get(p - offset).copied().unwrap_or(0.0)).collect()
     }
 }
 

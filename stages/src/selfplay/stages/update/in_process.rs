@@ -54,9 +54,9 @@ pub(super) struct Plan<'a> {
 
 /// The truncated importance weight of token `t`, min(1, exp(trained − sampled)), for a rollout
 /// sampled under a hint (`hinted`: its sampling log-probabilities); 1 for any other.
-fn truncated_weight(trained: f32, hinted: Option<&[f32]>, t: usize) -> f64 {
-    match hinted.and_then(|h| h.get(t)) {
-        Some(&sampled) => f64::from(trained - sampled).exp().min(1.0),
+fn truncated_weight(trained: f32, guided: Option<&[Option<f32>]>, t: usize) -> f64 {
+    match guided.and_then(|g| g.get(t)).copied().flatten() {
+        Some(sampled) => f64::from(trained - sampled).exp().min(1.0),
         None => 1.0,
     }
 }
@@ -89,8 +89,8 @@ pub(super) fn update_role(
     // A guided rollout was sampled under a hint its trained prompt lacks: each token's advantage
     // is weighted by min(1, π(token | prompt) / μ(token | prompt + hint)), the truncated
     // importance weight of the policy trained against the one that sampled it.
-    let hinted: Vec<Option<Vec<f32>>> =
-        samples.iter().zip(&sequences).map(|(s, q)| s.guided.then(|| s.sampled_at(q))).collect();
+    // A plan's written tokens have no sampling probability: they are trained as written.
+    let guided: Vec<Option<Vec<Option<f32>>>> = samples.iter().zip(&sequences).map(|(s, q)| s.guided_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
     let clock = Instant::now();
@@ -148,7 +148,7 @@ pub(super) fn update_role(
                     let derivative = (0..current.len())
                         .map(|t| {
                             let r = reference.as_ref().map(|r| r[i][t]);
-                            let advantage = samples[i].advantage * truncated_weight(old[t], hinted[i].as_deref(), t);
+                            let advantage = samples[i].advantage * truncated_weight(old[t], guided[i].as_deref(), t);
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
                             pg += terms.policy * weight;
@@ -199,11 +199,12 @@ mod tests {
 
     #[test]
     fn a_guided_token_is_weighted_by_the_truncated_ratio_of_the_trained_prompt_to_the_hinted() {
-        let hinted = [-0.1f32, -2.0];
+        let hinted = [Some(-0.1f32), Some(-2.0), None];
         // The hint made the first token likelier than the bare prompt does: weight e^(−1.1).
         assert!((truncated_weight(-1.2, Some(&hinted), 0) - (-1.1f64).exp()).abs() < 1e-6);
         // The bare prompt makes the second likelier still: the weight is truncated at 1.
         assert_eq!(truncated_weight(-0.5, Some(&hinted), 1), 1.0);
+        assert_eq!(truncated_weight(-9.0, Some(&hinted), 2), 1.0, "a written token is trained as written");
         assert_eq!(truncated_weight(-3.0, None, 0), 1.0, "an unguided rollout is on-policy");
     }
 
