@@ -98,7 +98,7 @@ async fn run_spec(
     overrides: &[String],
     registry: &Registry,
 ) -> Result<(Spec, String)> {
-    let (root_location, run_id) = crate::cli::split_run_location(location)?;
+    let (root_location, run_id) = crate::support::split_run_location(location)?;
     let root = ArtifactStore::open(&root_location)?;
     let run = Run::inspect(&root, &run_id, registry)
         .await

@@ -17,6 +17,7 @@ use sesa_stages::selfplay::LoopResources;
 use sesa_stages::selfplay::training::TrainedModel;
 
 use crate::logging::{self, LogFormat};
+use crate::support::{EXIT_FAILURE, EXIT_INVALID_SPEC, code_version, split_run_location};
 
 /// Self-evolving search-agent experiments from YAML specs.
 #[derive(Debug, Parser)]
@@ -474,14 +475,6 @@ enum Format {
     Dot,
 }
 
-const EXIT_FAILURE: u8 = 1;
-const EXIT_INVALID_SPEC: u8 = 2;
-pub(crate) const EXIT_INTERRUPTED: u8 = 130;
-
-pub(crate) fn code_version() -> &'static str {
-    concat!(env!("CARGO_PKG_VERSION"), " (", env!("SESA_GIT_COMMIT"), ")")
-}
-
 /// Runs the command line of the process with `registry`.
 pub fn main_with(registry: Registry) -> ExitCode {
     ExitCode::from(run_cli(std::env::args_os(), registry))
@@ -601,7 +594,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 Some(resources) => run.with_resources(|r| resources.install(r)),
                 None => run,
             };
-            crate::summary::execute(run, progress).await
+            crate::execute::execute(run, progress).await
         }
         Command::Resume { run, force } => {
             let (root, run_id) = split_run_location(&run)?;
@@ -627,7 +620,7 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
                 manifest.committed_steps + 1,
                 manifest.steps
             );
-            crate::summary::execute(run, progress).await
+            crate::execute::execute(run, progress).await
         }
         Command::Skills { command } => match command {
             SkillsCommand::Show { run, version } => crate::skills::show(&run, version).await,
@@ -786,10 +779,6 @@ async fn build_index(corpus: &Path, out: &Path, progress: &Progress) -> Result<u
     Ok(0)
 }
 
-pub(crate) fn truncate(text: &str, width: usize) -> String {
-    if text.chars().count() <= width { text.to_string() } else { text.chars().take(width - 1).chain(['…']).collect() }
-}
-
 async fn print_runs(root: &ArtifactStore) -> Result<u8> {
     let runs = list_runs(root).await?;
     if runs.is_empty() {
@@ -810,24 +799,4 @@ async fn print_runs(root: &ArtifactStore) -> Result<u8> {
         );
     }
     Ok(0)
-}
-
-/// Splits `runs/<id>` or `s3://bucket/prefix/<id>` into the store root and the run id.
-pub(crate) fn split_run_location(location: &str) -> Result<(String, String)> {
-    let trimmed = location.trim_end_matches('/');
-    if trimmed.contains("://") {
-        let (root, id) = trimmed
-            .rsplit_once('/')
-            .filter(|(root, _)| !root.ends_with(':') && !root.ends_with('/'))
-            .with_context(|| format!("`{location}` is not a run location; expected s3://bucket/prefix/<run-id>"))?;
-        return Ok((root.to_string(), id.to_string()));
-    }
-    let path = Path::new(trimmed);
-    let id = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("`{location}` is not a run directory; expected runs/<run-id>"))?;
-    let root =
-        path.parent().map(|p| p.to_string_lossy().into_owned()).filter(|p| !p.is_empty()).unwrap_or_else(|| ".".into());
-    Ok((root, id.to_string()))
 }

@@ -215,7 +215,7 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         let pipeline = sesa_engine::load_pipeline(Path::new(request.target), &[], registry)?;
         (pipeline.spec().resolved.clone(), request.store.unwrap_or("runs").to_string(), None)
     } else {
-        let (root_location, run_id) = crate::cli::split_run_location(request.target)?;
+        let (root_location, run_id) = crate::support::split_run_location(request.target)?;
         let root = ArtifactStore::open(&root_location)?;
         let run = Run::inspect(&root, &run_id, registry)
             .await
@@ -233,13 +233,14 @@ pub async fn eval(request: EvalRequest<'_>, registry: &Registry, progress: &Prog
         .await
         .context("opening the evaluation's models and search")?
         .context("the spec has no `model:` section: nothing to evaluate")?;
-    let run = Run::create(&root, pipeline, crate::cli::code_version()).await.context("creating the evaluation run")?;
+    let run =
+        Run::create(&root, pipeline, crate::support::code_version()).await.context("creating the evaluation run")?;
     eprintln!("evaluating {} ({policy}, {bank}; mode {}) → {}", request.target, request.mode, run.location());
     let location = run.location();
     let run = run.with_resources(|r| resources.install(r));
-    let code = crate::summary::execute(run, progress).await?;
+    let code = crate::execute::execute(run, progress).await?;
     if code == 0 {
-        print_results(&root, &crate::cli::split_run_location(&location)?.1).await?;
+        print_results(&root, &crate::support::split_run_location(&location)?.1).await?;
     }
     Ok(code)
 }

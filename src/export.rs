@@ -35,7 +35,7 @@ pub async fn export(
         println!("{}: model `{run}` (config.json, model.safetensors in F32, tokenizer.json)", out.display());
         return Ok(0);
     }
-    let (root, run_id) = crate::cli::split_run_location(run)?;
+    let (root, run_id) = crate::support::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
     let opened = Run::inspect(&root, &run_id, registry).await.with_context(|| format!("opening run `{run}`"))?;
     let version = export_policy(&root, &opened, model, version, out).await?;

@@ -10,12 +10,13 @@ mod bench;
 mod cli;
 mod data;
 mod eval;
+mod execute;
 mod export;
 mod logging;
 mod preflight;
 mod report;
 mod skills;
-mod summary;
+mod support;
 mod tables;
 
 pub use cli::{main_with, run_cli};

@@ -23,7 +23,8 @@ async fn progress(runs: &[(String, String)]) -> Result<Vec<(u64, bool)>> {
 
 /// `sesa report RUN… --out DIR [--watch]`.
 pub async fn report(runs: &[String], out: &Path, watch: bool, interval_s: u64) -> Result<u8> {
-    let runs: Vec<(String, String)> = runs.iter().map(|r| crate::cli::split_run_location(r)).collect::<Result<_>>()?;
+    let runs: Vec<(String, String)> =
+        runs.iter().map(|r| crate::support::split_run_location(r)).collect::<Result<_>>()?;
     let refresh = watch.then_some(interval_s.max(1) as u32);
     let mut seen = progress(&runs).await?;
     loop {

@@ -10,7 +10,7 @@ use sesa_stages::memory::{Skill, SkillFile, skills_from_batch};
 
 /// Every snapshot in the run's `skills` table, by bank version.
 async fn versions(run: &str) -> Result<BTreeMap<u64, Vec<Skill>>> {
-    let (root, run_id) = crate::cli::split_run_location(run)?;
+    let (root, run_id) = crate::support::split_run_location(run)?;
     let root = ArtifactStore::open(&root)?;
     let mut versions: BTreeMap<u64, Vec<Skill>> = BTreeMap::new();
     for (step, batch) in read_table(&root, &run_id, "skills").await.with_context(|| format!("reading `{run}`"))? {
@@ -51,7 +51,7 @@ pub async fn show(run: &str, version: Option<u64>) -> Result<u8> {
             meta.helps,
             meta.harms,
             format!("v{}", meta.version_added),
-            crate::cli::truncate(&skill.text.description, 80)
+            crate::support::truncate(&skill.text.description, 80)
         );
     }
     Ok(0)
@@ -68,12 +68,12 @@ pub async fn diff(run: &str, from: u64, to: u64) -> Result<u8> {
         if !before.contains_key(id) {
             let lineage = &skill.meta.origin_failures;
             let from = if lineage.is_empty() { String::new() } else { format!(" (from {})", lineage.join(", ")) };
-            println!("+ {id:<12} {}{from}", crate::cli::truncate(&skill.text.description, 80));
+            println!("+ {id:<12} {}{from}", crate::support::truncate(&skill.text.description, 80));
         }
     }
     for (id, skill) in &before {
         if !after.contains_key(id) {
-            println!("- {id:<12} {}", crate::cli::truncate(&skill.text.description, 80));
+            println!("- {id:<12} {}", crate::support::truncate(&skill.text.description, 80));
         }
     }
     for (id, new) in &after {

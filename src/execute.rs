@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use sesa_stages::selfplay::STEP_SUMMARY;
 
-use crate::cli::{EXIT_INTERRUPTED, split_run_location, truncate};
+use crate::support::{EXIT_INTERRUPTED, split_run_location, truncate};
 
 /// Runs the remaining steps with Ctrl-C handling, then prints a summary.
 pub(crate) async fn execute(mut run: Run, progress: &Progress) -> Result<u8> {
