@@ -8,8 +8,9 @@ use anyhow::{Context, Result, bail};
 use sesa_engine::spec::{SourceDoc, Spec};
 use sesa_engine::{ArtifactStore, Registry, Run, pipeline_from_text};
 use sesa_stages::agent::{Episode, Outcome, Role};
-use sesa_stages::memory::{MemorySection, SkillBank, prompt_block};
+use sesa_stages::memory::{SkillBank, prompt_block};
 use sesa_stages::sections::AgentSetup;
+use sesa_stages::sections::MemorySection;
 
 /// Whose policy answers.
 pub enum Asked<'a> {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use sesa_engine::{ArtifactStore, Registry, Run};
 use sesa_models::policy::ModelFiles;
+use sesa_stages::sections::TrainerSection;
 use sesa_stages::sections::{ModelSection, ProposerModelSection};
-use sesa_stages::selfplay::TrainerSection;
 use sesa_stages::selfplay::training::{TrainedModel, weights_at};
 
 /// Writes version `version` (the last when `None`) of `model`'s weights in the run at `run`

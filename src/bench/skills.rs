@@ -11,7 +11,8 @@ use sesa_stages::data::datasets::load_questions;
 /// skills.
 pub async fn bench_skills(questions: &Path, limit: usize) -> Result<u8> {
     use rand::{Rng, SeedableRng};
-    use sesa_stages::memory::{Embedder, MemorySection, MiniLm, Skill, SkillBank, SkillMeta, SkillText};
+    use sesa_stages::memory::{Embedder, MiniLm, Skill, SkillBank, SkillMeta, SkillText};
+    use sesa_stages::sections::MemorySection;
 
     let texts: Vec<String> = load_questions(questions)?.into_iter().take(limit).map(|q| q.question).collect();
     let directory = sesa_models::cache::resolve_or_fetch("all-minilm-l6-v2").await?;

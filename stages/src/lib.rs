@@ -25,14 +25,14 @@ pub fn registry() -> Registry {
     let mut registry = Registry::new();
     registry
         .section::<sections::ModelSection>()
-        .section::<search::SearchConfig>()
+        .section::<sections::SearchSection>()
         .section::<sections::AgentSection>()
         .section::<sections::PromptsSection>()
-        .section::<memory::MemorySection>()
+        .section::<sections::MemorySection>()
         .section::<sections::JudgeSection>()
         .section::<sections::ProposerModelSection>()
         .section::<sections::WorldSection>()
-        .section::<selfplay::TrainerSection>()
+        .section::<sections::TrainerSection>()
         .stage::<selfplay::Priming>()
         .stage::<selfplay::Propose>()
         .stage::<selfplay::Verify>()

@@ -10,9 +10,10 @@ use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRe
 use sesa_models::policy::ScriptedPolicy;
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
 use sesa_stages::data::world::{World, WorldConfig};
-use sesa_stages::memory::{CachedEmbedder, HashedWords, MemorySection, SkillBank};
+use sesa_stages::memory::{CachedEmbedder, HashedWords, SkillBank};
 use sesa_stages::search::Bm25Index;
 use sesa_stages::sections::AgentSection;
+use sesa_stages::sections::MemorySection;
 use sesa_stages::selfplay::{FailureQueue, InitialPolicy, LoopResources, SelfPlay, SkillMemory, Templates};
 
 const QUEUE_CAPACITY: usize = 5;
@@ -169,7 +170,7 @@ fn resources_with(
         embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
         top_k: 2,
         min_similarity: None,
-        retrieve_by: sesa_stages::memory::RetrieveBy::Question,
+        retrieve_by: sesa_stages::sections::RetrieveBy::Question,
         queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
     };
     LoopResources::new(selfplay, Some(memory))

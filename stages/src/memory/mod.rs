@@ -11,7 +11,6 @@ mod distill;
 mod embed;
 mod induce;
 mod sanitize;
-mod section;
 mod skill;
 mod tables;
 
@@ -20,7 +19,6 @@ pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, pars
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
 pub use self::induce::{Induction, induce, induce_batch, question_pattern};
 pub use self::sanitize::{clean, limits};
-pub use self::section::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig, RetrieveBy};
 pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText, prompt_block};
 pub use self::tables::{SKILL_EVENTS_SCHEMA, SKILLS_SCHEMA, events_batch, skills_batch, skills_from_batch};
 

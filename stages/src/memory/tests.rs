@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::sections::MemorySection;
 use sesa_models::cache;
 
 fn minilm() -> MiniLm {

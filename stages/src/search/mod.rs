@@ -9,7 +9,6 @@
 //! - `passages`: search over a few passages held in memory (a verifier's materials).
 
 mod bm25;
-mod config;
 mod corpus;
 mod format;
 mod passages;
@@ -19,7 +18,6 @@ mod server;
 use futures::future::BoxFuture;
 
 pub use self::bm25::{Bm25Index, IndexStats};
-pub use self::config::{Backend, Bm25Config, SearchConfig, bm25_requirements};
 pub use self::corpus::{CorpusError, CorpusReader};
 pub use self::format::{format_results, parse_results};
 pub use self::passages::PassageSearch;

@@ -55,7 +55,7 @@ impl AgentSetup {
     /// search backend and the policy (fetching a named model if needed).
     pub async fn from_spec(spec: &sesa_engine::spec::Spec) -> Result<AgentSetup, SetupError> {
         let model = spec.section::<ModelSection>().ok_or(SetupError::MissingSection("model"))?;
-        let search = spec.section::<crate::search::SearchConfig>().ok_or(SetupError::MissingSection("search"))?;
+        let search = spec.section::<super::SearchSection>().ok_or(SetupError::MissingSection("search"))?;
         let agent = spec.section::<AgentSection>().ok_or(SetupError::MissingSection("agent"))?;
         let prompts = spec.section::<PromptsSection>().ok_or(SetupError::MissingSection("prompts"))?;
         if let Some(world) = spec.section::<WorldSection>() {

@@ -1,7 +1,7 @@
 //! Every tagged choice of the SESA sections names the setting a problem is in.
 
-use crate::memory::EmbedderConfig;
-use crate::search::Backend;
+use super::Backend;
+use super::EmbedderConfig;
 use crate::sections::ModelSection;
 use crate::selfplay::ProposerReward;
 use sesa_models::train::Method;

@@ -21,4 +21,4 @@ pub use self::stages::{
     Collect, Consolidate, Evaluate, Priming, Propose, Reward, STEP_SUMMARY, Solve, Update, Verify, Warmup,
     metrics_batch, train_with_sesa,
 };
-pub use self::training::{TrainerSection, Training};
+pub use self::training::Training;

@@ -14,15 +14,16 @@ use super::stages::{
     Consolidate, Evaluate, ExternalCheckpoint, Propose, Reward, Solve, Update, UpdateConfig, Verify, Warmup,
     WarmupConfig,
 };
-use super::training::{ProposerTraining, TrainedModel, TrainerSection, Training, model_column};
+use super::training::{ProposerTraining, TrainedModel, Training, model_column};
 use crate::agent::{
     DISTILL_PROMPT, JUDGE_PROMPT, PROPOSER_PROMPT, PromptKind, PromptTemplate, Role, SOLVER_PROMPT, VERIFIER_PROMPT,
 };
-use crate::memory::{CachedEmbedder, FailureRecord, MemorySection, RetrieveBy, SkillBank, skills_from_batch};
+use crate::memory::{CachedEmbedder, FailureRecord, SkillBank, skills_from_batch};
 use crate::search::Search;
 use crate::sections::{
     AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, ProposerModelSection, SetupError,
 };
+use crate::sections::{MemorySection, RetrieveBy, TrainerSection};
 use sesa_engine::columns::Reader;
 use sesa_models::policy::Policy;
 

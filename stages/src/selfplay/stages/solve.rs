@@ -25,7 +25,8 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
-use crate::memory::{RetrieveBy, SkillEvent, SkillEventKind, events_batch};
+use crate::memory::{SkillEvent, SkillEventKind, events_batch};
+use crate::sections::RetrieveBy;
 use crate::selfplay::demonstrations::plan_thought;
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
@@ -365,7 +366,8 @@ mod tests {
     use std::sync::Mutex;
 
     use super::{RetrieveBy, hint, retrieve};
-    use crate::memory::{CachedEmbedder, HashedWords, MemorySection, Skill, SkillBank, SkillMeta, SkillText};
+    use crate::memory::{CachedEmbedder, HashedWords, Skill, SkillBank, SkillMeta, SkillText};
+    use crate::sections::MemorySection;
     use crate::selfplay::{FailureQueue, SkillMemory};
 
     fn memory(min_similarity: Option<f32>) -> SkillMemory {

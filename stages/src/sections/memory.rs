@@ -4,8 +4,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Section};
 
-use super::bank::{BankConfig, UsageRule};
-use super::embed::{CachedEmbedder, EmbedError, HashedWords, MiniLm};
+use crate::memory::{BankConfig, CachedEmbedder, EmbedError, HashedWords, MiniLm, UsageRule};
 use sesa_engine::deserialize_tagged;
 use sesa_models::cache;
 

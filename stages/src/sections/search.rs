@@ -7,13 +7,13 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Section};
 
-use super::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
+use crate::search::{Bm25Index, RetrieverClient, RetrieverConfig, Search, SearchError};
 use sesa_engine::deserialize_tagged;
 
 /// The agents' search tool, as a spec configures it.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SearchConfig {
+pub struct SearchSection {
     /// Passages returned per query (SSP: 3).
     #[serde(default = "default_top_k")]
     pub top_k: usize,
@@ -48,7 +48,7 @@ pub struct Bm25Config {
     pub corpus: Option<PathBuf>,
 }
 
-impl Section for SearchConfig {
+impl Section for SearchSection {
     const KEY: &'static str = "search";
 
     fn check(&self) -> Vec<ConfigProblem> {
@@ -112,7 +112,7 @@ pub fn bm25_requirements(index_key: &str, index: &Path, corpus_key: &str, corpus
     }
 }
 
-impl SearchConfig {
+impl SearchSection {
     /// Opens the backend, first building a missing BM25 index from the configured corpus.
     pub fn open_or_build(&self) -> Result<Arc<dyn Search>, SearchError> {
         match &self.backend {
