@@ -82,7 +82,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
             for (layout, (name, budget)) in layouts.iter().enumerate() {
                 trainer.micro_batch_tokens = *budget;
                 let clock = std::time::Instant::now();
-                let report = trainer.supervised_step(&sequences, &optimizer, 1e-5)?;
+                let report = trainer.supervised_step(&sequences, &optimizer, 1)?;
                 let seconds = clock.elapsed().as_secs_f64();
                 let rows: usize = report.micro_batches.iter().map(|m| m.tokens).sum();
                 let forward_backward: f64 = report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>() / 1e3;

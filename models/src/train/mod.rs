@@ -355,15 +355,18 @@ impl Trainer {
 
     /// One optimizer step over `sequences`. `loss` gets a sequence's index and its scored
     /// log-probabilities, and returns its share of the step's loss and that share's derivative
-    /// with respect to each log-probability. The learning rate is `lr`.
+    /// with respect to each log-probability. The learning rate is `optimizer`'s schedule at this
+    /// optimizer step, of a schedule that ends at optimizer step `last_step` (counted over the
+    /// trainer's life, so that a run's stages and a resumed run follow one schedule).
     pub fn step(
         &mut self,
         sequences: &[TrainSequence],
         temperature: f32,
         optimizer: &OptimizerConfig,
-        lr: f64,
+        last_step: u64,
         loss: &mut LossFn<'_>,
     ) -> Result<StepReport, BatchError> {
+        let lr = optimizer.lr_at(self.adam.step + 1, last_step);
         let packed = Packed::new(sequences, self.micro_batch_tokens);
         let mut grads = match self.grads.take() {
             Some(mut grads) => {
@@ -429,11 +432,11 @@ impl Trainer {
         &mut self,
         sequences: &[TrainSequence],
         optimizer: &OptimizerConfig,
-        lr: f64,
+        last_step: u64,
     ) -> Result<StepReport, BatchError> {
         let scored: usize = sequences.iter().map(|s| s.positions().len()).sum::<usize>().max(1);
         let weight = 1.0 / scored as f32;
-        self.step(sequences, 1.0, optimizer, lr, &mut |_, logprobs| {
+        self.step(sequences, 1.0, optimizer, last_step, &mut |_, logprobs| {
             (-logprobs.iter().map(|&l| f64::from(l)).sum::<f64>(), vec![-weight; logprobs.len()])
         })
     }

@@ -129,7 +129,7 @@ fn a_step_is_deterministic_whatever_the_thread_count() {
         pool.install(|| {
             let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 1)), 16);
             for _ in 0..2 {
-                trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1e-2).unwrap();
+                trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1).unwrap();
             }
             trainer.model.weights
         })
@@ -144,7 +144,7 @@ fn a_step_is_deterministic_whatever_the_thread_count() {
 fn micro_batches_bound_the_tokens_and_accumulate_the_same_gradient() {
     let norm_with = |budget: usize| {
         let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 1)), budget);
-        trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1e-2).unwrap()
+        trainer.supervised_step(&batch(), &OptimizerConfig::adamw(1e-2), 1).unwrap()
     };
     let (whole, pieces) = (norm_with(1000), norm_with(8));
     assert_eq!(whole.micro_batches.len(), 1);
@@ -158,16 +158,16 @@ fn micro_batches_bound_the_tokens_and_accumulate_the_same_gradient() {
 fn supervised_steps_lower_the_loss_and_clipping_bounds_the_step() {
     let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 2)), 64);
     let loss = |r: &StepReport| r.micro_batches.iter().map(|m| m.loss).sum::<f64>();
-    let first = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 3e-2).unwrap();
+    let first = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 1).unwrap();
     let mut last = first.clone();
     for _ in 0..30 {
-        last = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 3e-2).unwrap();
+        last = trainer.supervised_step(&batch(), &OptimizerConfig::adamw(3e-2), 1).unwrap();
     }
     assert!(loss(&last) < 0.5 * loss(&first), "loss {} → {}", loss(&first), loss(&last));
     // A tiny clip norm scales the whole gradient down: Adam's first step is still ±lr.
     let before = trainer.model.weights.clone();
     let config = OptimizerConfig { clip_norm: 1e-9, ..OptimizerConfig::adamw(1e-3) };
-    trainer.supervised_step(&batch(), &config, 1e-3).unwrap();
+    trainer.supervised_step(&batch(), &config, 1).unwrap();
     let moved =
         before.embedding.iter().zip(&trainer.model.weights.embedding).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(moved < 2e-2, "moved {moved}");
@@ -290,7 +290,7 @@ fn rows_after_the_last_scored_token_are_not_run() {
     assert_eq!(logprobs(&model, &tailed, 1.0, 64).unwrap(), logprobs(&model, &bare, 1.0, 64).unwrap());
     let step = |batch: &[TrainSequence]| {
         let mut trainer = Trainer::new(TrainModel::new(random(tiny_shape(), true, 13)), 64);
-        let report = trainer.supervised_step(batch, &OptimizerConfig::adamw(1e-2), 1e-2).unwrap();
+        let report = trainer.supervised_step(batch, &OptimizerConfig::adamw(1e-2), 1).unwrap();
         (report.micro_batches[0].tokens, trainer.model.weights)
     };
     let (rows, weights) = step(&tailed);

@@ -6,6 +6,7 @@
 //! and every stage appends its numbers to `step_metrics`. Only `solve` retrieves skills: the
 //! proposer's prompt has no `{skills}` placeholder and `propose` never asks for the memory.
 
+mod checks;
 pub mod demonstrations;
 mod resources;
 mod rules;

@@ -277,12 +277,11 @@ impl Warmup {
         let worker = tokio::task::spawn_blocking(move || {
             let mut state = state;
             // The schedule spans this run's optimizer steps, after those the trainer took before.
-            let (first, last) = (state.trainer.adam.step + 1, state.trainer.adam.step + total);
+            let last = state.trainer.adam.step + total;
             let mut reports: Vec<(u64, Vec<usize>, StepReport)> = Vec::new();
-            for (n, (epoch, chunk)) in batches.into_iter().enumerate() {
+            for (epoch, chunk) in batches {
                 let batch: Vec<_> = chunk.iter().map(|&i| sequences[i].clone()).collect();
-                let lr = optimizer.lr_at(first + n as u64, last);
-                match state.trainer.supervised_step(&batch, &optimizer, lr) {
+                match state.trainer.supervised_step(&batch, &optimizer, last) {
                     Ok(report) => reports.push((epoch, chunk, report)),
                     Err(e) => return (state, Err(e.to_string())),
                 }

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_schema::ArrowError;
@@ -30,9 +30,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sesa_engine::StageError;
 
-use super::UpdateRow;
+use std::sync::Arc;
+
+use sesa_engine::{StageContext, Tables};
+
 use super::batch::RoleBatch;
-use crate::selfplay::training::TrainedModel;
+use super::{Outcome, Update, UpdateRow};
+use crate::selfplay::SelfPlay;
+use crate::selfplay::stages::{elapsed_ms, failed, role_named};
+use crate::selfplay::training::{PolicyVersion, Published, TrainedModel, by_model, policy_versions_batch};
 use sesa_engine::columns::Columns;
 use sesa_models::policy::ServerUrls;
 use sesa_models::train::{ClippedObjective, OptimizerConfig};
@@ -467,6 +473,112 @@ pub fn train_with_sesa(
     let json = serde_json::to_vec_pretty(&result).map_err(|e| e.to_string())?;
     write_atomically(&manifest.result, &json).map_err(|e| e.to_string())?;
     Ok(TrainerResult { checkpoint, metrics })
+}
+
+impl Update {
+    /// Hands each trained model's batch to the external trainer, the proposer's own model first
+    /// when it has one, and once every one succeeded has the servers reload their checkpoints:
+    /// a failing trainer leaves every server on the weights of the last committed step. A reload
+    /// that fails after another model's succeeded fails the step and names the servers already
+    /// ahead of the run's records, with the checkpoint to load again before resuming.
+    pub(super) async fn external(
+        &self,
+        cx: &StageContext,
+        selfplay: &Arc<SelfPlay>,
+        trainer: &ExternalTrainer,
+        inputs: &Tables,
+        temperature: f32,
+        clock: Instant,
+    ) -> Result<Outcome, StageError> {
+        let latest = cx.resource::<ExternalCheckpoint>()?;
+        let batches = self.batches(inputs, &mut None)?;
+        let by_model = by_model(selfplay, batches.into_iter().map(|b| (role_named(b.role), b)));
+        let step_directory = trainer.dir.join(format!("step-{:08}", cx.step()));
+        let apart = selfplay.proposer_policy.is_some();
+        let mut trained = Vec::new();
+        for (model, batches) in by_model {
+            let directory = if apart { step_directory.join(model.key()) } else { step_directory.clone() };
+            let parent = model.served_by(selfplay).version();
+            let manifest = Manifest {
+                contract: if apart { CONTRACT_VERSION_APART } else { CONTRACT_VERSION },
+                step: cx.step(),
+                model: model.key().to_string(),
+                policy_version: parent,
+                next_version: parent + 1,
+                previous_checkpoint: latest.of(model),
+                batch: directory.join("batch.parquet"),
+                result: directory.join("result.json"),
+                checkpoint_dir: directory.join("checkpoint"),
+                roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
+                temperature,
+                loss: self.config.loss,
+                optimizer: self.config.optimizer.clone(),
+                ppo_epochs: self.config.ppo_epochs,
+                mini_batch: self.config.mini_batch,
+            };
+            let manifest_path = write_step(&directory, &batch_table(&batches)?, &manifest)?;
+            let result = trainer.train(&manifest_path, &manifest).await?;
+            trained.push((model, batches, parent, directory, result));
+        }
+        let train_ms = elapsed_ms(clock);
+        // Every server is told before any in-process policy swaps weights or any checkpoint is
+        // recorded, so a failed reload changes no state of this process.
+        let serving = Instant::now();
+        for (i, (model, _, parent, directory, result)) in trained.iter().enumerate() {
+            let servers = model.served_by(selfplay).servers().to_vec();
+            let log = directory.join("reload.log");
+            let reloaded = trainer.reload(*model, &servers, &result.checkpoint, parent + 1, &log).await;
+            let ahead: Vec<TrainedModel> = trained[..i].iter().map(|(model, ..)| *model).collect();
+            reloaded.map_err(|e| naming_servers_ahead(e, &ahead, &latest))?;
+        }
+        let (mut rows, mut records, mut versions) = (Vec::new(), Vec::new(), Vec::new());
+        for (model, batches, parent, _, result) in trained {
+            let (policy, path) = (model.served_by(selfplay), PathBuf::from(&result.checkpoint));
+            tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
+                .await
+                .map_err(|e| failed("serving the new checkpoint", e))?
+                .map_err(|e| failed("serving the new checkpoint", e))?;
+            latest.set(model, result.checkpoint.clone());
+            rows.extend(self::rows(&batches, &result, train_ms));
+            records.push(PolicyVersion {
+                model,
+                version: parent + 1,
+                parent,
+                stage: cx.stage_name().to_string(),
+                method: "external".into(),
+                checkpoint_step: cx.step(),
+                sha256: String::new(),
+                bytes: 0,
+                tokens_trained: 0,
+                external_checkpoint: result.checkpoint,
+            });
+            versions.push((model, parent + 1));
+        }
+        let published = Published {
+            policy_versions: policy_versions_batch(&records)?,
+            checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
+            serve_ms: elapsed_ms(serving),
+            checkpoint_ms: 0.0,
+        };
+        Ok(Outcome { rows, published, versions, train_ms, timings: None })
+    }
+}
+
+/// A reload's error, told which models' servers already loaded this step's checkpoints (the
+/// run records none of them) and what to load again before `sesa resume`.
+fn naming_servers_ahead(error: StageError, ahead: &[TrainedModel], latest: &ExternalCheckpoint) -> StageError {
+    let StageError::Failed(message) = error else { return error };
+    if ahead.is_empty() {
+        return StageError::Failed(message);
+    }
+    let undo: Vec<String> = ahead
+        .iter()
+        .map(|model| {
+            let previous = latest.of(*model).unwrap_or_else(|| "its initial weights".into());
+            format!("`{}:` already loaded this step's checkpoint; have it load {previous} again", model.key())
+        })
+        .collect();
+    StageError::Failed(format!("{message}\nbefore `sesa resume`: {}", undo.join("; ")))
 }
 
 #[cfg(test)]

@@ -3,10 +3,16 @@
 
 use std::time::Instant;
 
-use super::batch::RoleBatch;
-use super::{UpdateConfig, UpdateRow};
-use crate::selfplay::stages::elapsed_ms;
-use crate::selfplay::training::TrainState;
+use std::sync::Arc;
+
+use sesa_engine::{Stage, StageContext, StageError, Tables};
+
+use super::batch::{RoleBatch, lack_token_ids};
+use super::{Outcome, Update, UpdateConfig, UpdateRow};
+use crate::agent::Role;
+use crate::selfplay::SelfPlay;
+use crate::selfplay::stages::{elapsed_ms, failed};
+use crate::selfplay::training::{Published, TrainState, by_training, publish_version};
 use sesa_models::train::{TrainSequence, logprobs};
 
 /// Mean and largest absolute difference between two log-probability lists, over the pairs.
@@ -135,10 +141,9 @@ pub(super) fn update_role(
             let scored: usize = chunk.iter().map(|s| s.positions().len()).sum();
             let weight = 1.0 / scored.max(1) as f64;
             let (mut pg, mut kl, mut clipped, mut entropy) = (0.0, 0.0, 0usize, 0.0);
-            let lr = config.optimizer.lr_at(state.trainer.adam.step + 1, plan.total_lr_steps);
             let report = state
                 .trainer
-                .step(chunk, plan.temperature, &config.optimizer, lr, &mut |k, current| {
+                .step(chunk, plan.temperature, &config.optimizer, plan.total_lr_steps, &mut |k, current| {
                     let i = range.start + k;
                     let old = old.as_ref().map_or(current, |o| o[i].as_slice());
                     if fused {
@@ -177,7 +182,7 @@ pub(super) fn update_role(
                 clip_fraction: clipped as f64 * weight,
                 entropy,
                 grad_norm: report.grad_norm,
-                lr,
+                lr: report.lr,
                 wall_ms: elapsed_ms(clock),
                 ..summary
             });
@@ -188,6 +193,98 @@ pub(super) fn update_role(
         (row.logprob_gap, row.logprob_gap_max) = (gap_mean, gap_max);
     }
     Ok(rows)
+}
+
+impl Update {
+    /// Trains the run's own models: the shared one, or the proposer's and the solver's apart
+    /// (`proposer_model:`), each from its own trainer, the proposer's first.
+    pub(super) async fn in_process(
+        &self,
+        cx: &StageContext,
+        selfplay: &Arc<SelfPlay>,
+        inputs: &Tables,
+        temperature: f32,
+        clock: Instant,
+    ) -> Result<Outcome, StageError> {
+        let roles = [(Role::Proposer, "proposer"), (Role::Solver, "solver")];
+        let trainings = by_training(cx, selfplay, Self::KIND, roles.into_iter().filter(|(_, name)| self.trains(name)))?;
+        let mut states = Vec::new();
+        for (training, _) in &trainings {
+            let mut state = training.take().await?;
+            state.optimizer_for(cx.stage_name());
+            if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
+                state.reference = Some(training.reference_model().await?);
+            }
+            states.push(state);
+        }
+        let put_back = async |states: Vec<TrainState>| {
+            for ((training, _), state) in trainings.iter().zip(states) {
+                training.put(state).await;
+            }
+        };
+        // The proposer's running-mean baseline lives with the proposer's trainer.
+        let proposer = trainings.iter().position(|(_, roles)| roles.contains(&"proposer"));
+        let mut no_baseline = None;
+        let baseline = match proposer {
+            Some(p) => &mut states[p].proposer_baseline,
+            None => &mut no_baseline,
+        };
+        let batches = match self.batches(inputs, baseline) {
+            Ok(batches) => batches,
+            Err(e) => {
+                put_back(states).await;
+                return Err(e);
+            }
+        };
+        if lack_token_ids(&batches) {
+            put_back(states).await;
+            return Err(failed(
+                "update",
+                "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
+            ));
+        }
+        // Each trainer's batches, and its schedule's length if every step's were this step's.
+        let (mut work, mut rest): (Vec<(Vec<RoleBatch>, u64)>, Vec<RoleBatch>) = (Vec::new(), batches);
+        for (_, roles) in &trainings {
+            let mine;
+            (mine, rest) = rest.into_iter().partition(|b| roles.contains(&b.role));
+            let total_lr_steps = cx.steps() * optimizer_steps(&mine, &self.config);
+            work.push((mine, total_lr_steps));
+        }
+        let config = self.config.clone();
+        let parents: Vec<u64> = states.iter().map(|s| s.version).collect();
+        let worker = tokio::task::spawn_blocking(move || {
+            let mut rows = Vec::new();
+            let mut timings = Timings::default();
+            for (state, (batches, total_lr_steps)) in states.iter_mut().zip(&work) {
+                let plan = Plan { config: &config, temperature, total_lr_steps: *total_lr_steps };
+                for batch in batches {
+                    match update_role(state, batch, &plan, &mut timings) {
+                        Ok(more) => rows.extend(more),
+                        Err(e) => return (states, Err(format!("{} update: {e}", batch.role))),
+                    }
+                }
+            }
+            (states, Ok((rows, timings)))
+        });
+        let (states, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
+        let (rows, timings) = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                put_back(states).await;
+                return Err(failed("update", e));
+            }
+        };
+        let train_ms = elapsed_ms(clock);
+        let (mut published, mut versions) = (Vec::new(), Vec::new());
+        for (((training, _), state), parent) in trainings.iter().zip(states).zip(parents) {
+            let (state, made) = publish_version(cx, selfplay, training, state, parent).await?;
+            versions.push((training.model, state.version));
+            published.push(made);
+            training.put(state).await;
+        }
+        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings: Some(timings) })
+    }
 }
 
 #[cfg(test)]

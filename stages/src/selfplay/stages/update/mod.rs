@@ -14,7 +14,6 @@ mod batch;
 mod external;
 mod in_process;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,20 +23,17 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use self::batch::{RoleBatch, lack_token_ids, proposer_batch, solver_batch};
-use self::external::{CONTRACT_VERSION, CONTRACT_VERSION_APART, ExternalTrainer, Manifest};
+use self::batch::{RoleBatch, proposer_batch, solver_batch};
+use self::external::ExternalTrainer;
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
-use self::in_process::{Plan, Timings, optimizer_steps, update_role};
+use self::in_process::Timings;
 use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::selfplay::SelfPlay;
-use crate::selfplay::training::{
-    PolicyVersion, Published, TrainState, TrainedModel, by_model, by_training, checkpoints_table,
-    policy_versions_batch, policy_versions_table, publish_version,
-};
+use crate::selfplay::training::{Published, TrainedModel, checkpoints_table, policy_versions_table};
 use sesa_engine::columns::{Columns, schema_of};
 use sesa_models::train::{ClippedObjective, OptimizerConfig};
 
@@ -359,198 +355,4 @@ impl Update {
         }
         Ok(batches)
     }
-
-    /// Trains the run's own models: the shared one, or the proposer's and the solver's apart
-    /// (`proposer_model:`), each from its own trainer, the proposer's first.
-    async fn in_process(
-        &self,
-        cx: &StageContext,
-        selfplay: &Arc<SelfPlay>,
-        inputs: &Tables,
-        temperature: f32,
-        clock: Instant,
-    ) -> Result<Outcome, StageError> {
-        let roles = [(Role::Proposer, "proposer"), (Role::Solver, "solver")];
-        let trainings = by_training(cx, selfplay, Self::KIND, roles.into_iter().filter(|(_, name)| self.trains(name)))?;
-        let mut states = Vec::new();
-        for (training, _) in &trainings {
-            let mut state = training.take().await?;
-            state.optimizer_for(cx.stage_name());
-            if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
-                state.reference = Some(training.reference_model().await?);
-            }
-            states.push(state);
-        }
-        let put_back = async |states: Vec<TrainState>| {
-            for ((training, _), state) in trainings.iter().zip(states) {
-                training.put(state).await;
-            }
-        };
-        // The proposer's running-mean baseline lives with the proposer's trainer.
-        let proposer = trainings.iter().position(|(_, roles)| roles.contains(&"proposer"));
-        let mut no_baseline = None;
-        let baseline = match proposer {
-            Some(p) => &mut states[p].proposer_baseline,
-            None => &mut no_baseline,
-        };
-        let batches = match self.batches(inputs, baseline) {
-            Ok(batches) => batches,
-            Err(e) => {
-                put_back(states).await;
-                return Err(e);
-            }
-        };
-        if lack_token_ids(&batches) {
-            put_back(states).await;
-            return Err(failed(
-                "update",
-                "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
-            ));
-        }
-        // Each trainer's batches, and its schedule's length if every step's were this step's.
-        let (mut work, mut rest): (Vec<(Vec<RoleBatch>, u64)>, Vec<RoleBatch>) = (Vec::new(), batches);
-        for (_, roles) in &trainings {
-            let mine;
-            (mine, rest) = rest.into_iter().partition(|b| roles.contains(&b.role));
-            let total_lr_steps = cx.steps() * optimizer_steps(&mine, &self.config);
-            work.push((mine, total_lr_steps));
-        }
-        let config = self.config.clone();
-        let parents: Vec<u64> = states.iter().map(|s| s.version).collect();
-        let worker = tokio::task::spawn_blocking(move || {
-            let mut rows = Vec::new();
-            let mut timings = Timings::default();
-            for (state, (batches, total_lr_steps)) in states.iter_mut().zip(&work) {
-                let plan = Plan { config: &config, temperature, total_lr_steps: *total_lr_steps };
-                for batch in batches {
-                    match update_role(state, batch, &plan, &mut timings) {
-                        Ok(more) => rows.extend(more),
-                        Err(e) => return (states, Err(format!("{} update: {e}", batch.role))),
-                    }
-                }
-            }
-            (states, Ok((rows, timings)))
-        });
-        let (states, rows) = worker.await.map_err(|e| failed("the training thread", e))?;
-        let (rows, timings) = match rows {
-            Ok(rows) => rows,
-            Err(e) => {
-                put_back(states).await;
-                return Err(failed("update", e));
-            }
-        };
-        let train_ms = elapsed_ms(clock);
-        let (mut published, mut versions) = (Vec::new(), Vec::new());
-        for (((training, _), state), parent) in trainings.iter().zip(states).zip(parents) {
-            let (state, made) = publish_version(cx, selfplay, training, state, parent).await?;
-            versions.push((training.model, state.version));
-            published.push(made);
-            training.put(state).await;
-        }
-        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings: Some(timings) })
-    }
-
-    /// Hands each trained model's batch to the external trainer, the proposer's own model first
-    /// when it has one, and once every one succeeded has the servers reload their checkpoints:
-    /// a failing trainer leaves every server on the weights of the last committed step. A reload
-    /// that fails after another model's succeeded fails the step and names the servers already
-    /// ahead of the run's records, with the checkpoint to load again before resuming.
-    async fn external(
-        &self,
-        cx: &StageContext,
-        selfplay: &Arc<SelfPlay>,
-        trainer: &ExternalTrainer,
-        inputs: &Tables,
-        temperature: f32,
-        clock: Instant,
-    ) -> Result<Outcome, StageError> {
-        let latest = cx.resource::<ExternalCheckpoint>()?;
-        let batches = self.batches(inputs, &mut None)?;
-        let by_model = by_model(selfplay, batches.into_iter().map(|b| (role_named(b.role), b)));
-        let step_directory = trainer.dir.join(format!("step-{:08}", cx.step()));
-        let apart = selfplay.proposer_policy.is_some();
-        let mut trained = Vec::new();
-        for (model, batches) in by_model {
-            let directory = if apart { step_directory.join(model.key()) } else { step_directory.clone() };
-            let parent = model.served_by(selfplay).version();
-            let manifest = Manifest {
-                contract: if apart { CONTRACT_VERSION_APART } else { CONTRACT_VERSION },
-                step: cx.step(),
-                model: model.key().to_string(),
-                policy_version: parent,
-                next_version: parent + 1,
-                previous_checkpoint: latest.of(model),
-                batch: directory.join("batch.parquet"),
-                result: directory.join("result.json"),
-                checkpoint_dir: directory.join("checkpoint"),
-                roles: batches.iter().map(|b| (b.role.to_string(), b.samples.len())).collect(),
-                temperature,
-                loss: self.config.loss,
-                optimizer: self.config.optimizer.clone(),
-                ppo_epochs: self.config.ppo_epochs,
-                mini_batch: self.config.mini_batch,
-            };
-            let manifest_path = external::write_step(&directory, &external::batch_table(&batches)?, &manifest)?;
-            let result = trainer.train(&manifest_path, &manifest).await?;
-            trained.push((model, batches, parent, directory, result));
-        }
-        let train_ms = elapsed_ms(clock);
-        // Every server is told before any in-process policy swaps weights or any checkpoint is
-        // recorded, so a failed reload changes no state of this process.
-        let serving = Instant::now();
-        for (i, (model, _, parent, directory, result)) in trained.iter().enumerate() {
-            let servers = model.served_by(selfplay).servers().to_vec();
-            let log = directory.join("reload.log");
-            let reloaded = trainer.reload(*model, &servers, &result.checkpoint, parent + 1, &log).await;
-            let ahead: Vec<TrainedModel> = trained[..i].iter().map(|(model, ..)| *model).collect();
-            reloaded.map_err(|e| naming_servers_ahead(e, &ahead, &latest))?;
-        }
-        let (mut rows, mut records, mut versions) = (Vec::new(), Vec::new(), Vec::new());
-        for (model, batches, parent, _, result) in trained {
-            let (policy, path) = (model.served_by(selfplay), PathBuf::from(&result.checkpoint));
-            tokio::task::spawn_blocking(move || policy.reloaded(parent + 1, &path))
-                .await
-                .map_err(|e| failed("serving the new checkpoint", e))?
-                .map_err(|e| failed("serving the new checkpoint", e))?;
-            latest.set(model, result.checkpoint.clone());
-            rows.extend(external::rows(&batches, &result, train_ms));
-            records.push(PolicyVersion {
-                model,
-                version: parent + 1,
-                parent,
-                stage: cx.stage_name().to_string(),
-                method: "external".into(),
-                checkpoint_step: cx.step(),
-                sha256: String::new(),
-                bytes: 0,
-                tokens_trained: 0,
-                external_checkpoint: result.checkpoint,
-            });
-            versions.push((model, parent + 1));
-        }
-        let published = Published {
-            policy_versions: policy_versions_batch(&records)?,
-            checkpoints: crate::selfplay::training::Checkpoint::default().batch()?,
-            serve_ms: elapsed_ms(serving),
-            checkpoint_ms: 0.0,
-        };
-        Ok(Outcome { rows, published, versions, train_ms, timings: None })
-    }
-}
-
-/// A reload's error, told which models' servers already loaded this step's checkpoints (the
-/// run records none of them) and what to load again before `sesa resume`.
-fn naming_servers_ahead(error: StageError, ahead: &[TrainedModel], latest: &ExternalCheckpoint) -> StageError {
-    let StageError::Failed(message) = error else { return error };
-    if ahead.is_empty() {
-        return StageError::Failed(message);
-    }
-    let undo: Vec<String> = ahead
-        .iter()
-        .map(|model| {
-            let previous = latest.of(*model).unwrap_or_else(|| "its initial weights".into());
-            format!("`{}:` already loaded this step's checkpoint; have it load {previous} again", model.key())
-        })
-        .collect();
-    StageError::Failed(format!("{message}\nbefore `sesa resume`: {}", undo.join("; ")))
 }
