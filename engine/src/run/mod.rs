@@ -10,12 +10,13 @@
 
 mod error;
 pub mod lease;
+mod list;
+mod read;
 mod step;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -23,14 +24,16 @@ use tracing::Instrument;
 
 pub use self::error::RunError;
 use self::lease::Lease;
-use crate::manifest::{CommittedFile, RunManifest, RunStatus, StepCommit, layout, now};
+pub use self::list::{RunSummary, list_runs};
+use self::read::read_commit;
+pub use self::read::{Steps, read_table, read_table_steps};
+use crate::manifest::{RunManifest, RunStatus, StepCommit, layout, now};
 use crate::plan::Pipeline;
 use crate::progress::Progress;
 use crate::registry::Registry;
 use crate::resources::Resources;
 use crate::spec::{SourceDoc, Spec, SpecErrors};
 use crate::store::ArtifactStore;
-use crate::table::decode_parquet;
 
 /// How far a stop request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -431,85 +434,6 @@ impl Run {
     }
 }
 
-/// Every committed batch of `table` in run `run_id` under `root`, in step order (within a step,
-/// in the order of the commit record), with the step that wrote it. Read-only: safe while the
-/// run is live, and it sees a committed step whose files are not published yet.
-pub async fn read_table(root: &ArtifactStore, run_id: &str, table: &str) -> Result<Vec<(u64, RecordBatch)>, RunError> {
-    read_table_steps(root, run_id, table, Steps::All).await
-}
-
-/// Which committed steps of a table to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Steps {
-    /// Every one.
-    All,
-    /// The last step that wrote the table.
-    Last,
-    /// This step only.
-    Only(u64),
-}
-
-/// [`read_table`] of the chosen steps only: the others' files are never fetched or decoded
-/// (a table of large snapshots, such as model checkpoints, is read one step at a time).
-pub async fn read_table_steps(
-    root: &ArtifactStore,
-    run_id: &str,
-    table: &str,
-    which: Steps,
-) -> Result<Vec<(u64, RecordBatch)>, RunError> {
-    let store = root.scoped(run_id);
-    if !store.exists(layout::MANIFEST).await? {
-        return Err(RunError::NotARun { location: store.describe("") });
-    }
-    let mut steps: Vec<u64> =
-        store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).collect();
-    steps.sort_unstable();
-    let mut commits = Vec::with_capacity(steps.len());
-    for step in steps {
-        commits.push((step, read_commit(&store, step).await?));
-    }
-    let superseded: std::collections::HashSet<&str> = commits
-        .iter()
-        .flat_map(|(_, c)| c.files.iter().flat_map(|f| f.supersedes.iter().map(String::as_str)))
-        .collect();
-    let files: Vec<(u64, &CommittedFile)> = commits
-        .iter()
-        .flat_map(|(step, c)| c.files.iter().map(move |f| (*step, f)))
-        .filter(|(_, f)| f.table == table && !superseded.contains(f.path.as_str()))
-        .collect();
-    let chosen = match which {
-        Steps::All => None,
-        Steps::Last => files.last().map(|(step, _)| *step),
-        Steps::Only(step) => Some(step),
-    };
-    let mut batches = Vec::new();
-    for (step, file) in files.into_iter().filter(|(step, _)| chosen.is_none_or(|chosen| chosen == *step)) {
-        let bytes = match store.get(&file.path).await? {
-            Some(bytes) => bytes,
-            None => store.get(&file.staging).await?.ok_or_else(|| RunError::Corrupt {
-                location: store.describe(&file.path),
-                reason: "committed but missing".into(),
-            })?,
-        };
-        let batch = tokio::task::spawn_blocking(move || decode_parquet(bytes))
-            .await
-            .map_err(|e| RunError::Internal(e.to_string()))?
-            .map_err(|e| RunError::Corrupt { location: store.describe(&file.path), reason: e.to_string() })?;
-        batches.push((step, batch));
-    }
-    Ok(batches)
-}
-
-async fn read_commit(store: &ArtifactStore, step: u64) -> Result<StepCommit, RunError> {
-    let key = layout::commit(step);
-    let bytes = store
-        .get(&key)
-        .await?
-        .ok_or_else(|| RunError::Corrupt { location: store.describe(&key), reason: "missing".into() })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| RunError::Corrupt { location: store.describe(&key), reason: e.to_string() })
-}
-
 /// Moves a committed step's files from staging to their published place, then deletes the
 /// files they supersede. Idempotent, so a crash halfway is finished by running it again.
 async fn publish(store: &ArtifactStore, commit: &StepCommit) -> Result<(), RunError> {
@@ -545,56 +469,4 @@ fn slug(name: &str) -> String {
         name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     let slug = slug.trim_matches('-').to_string();
     if slug.is_empty() { "run".to_string() } else { slug }
-}
-
-/// A run found in a store, for listings.
-#[derive(Debug, Clone)]
-pub struct RunSummary {
-    /// The manifest as written.
-    pub manifest: RunManifest,
-    /// Where the run lives.
-    pub location: String,
-    /// Who writes it now, if anyone holds its lease (it may be a writer that died).
-    pub lease: Option<lease::LeaseHolder>,
-}
-
-impl RunSummary {
-    /// The run in `store`, with its committed steps counted from the commit records; `None`
-    /// where there is no readable manifest.
-    pub async fn read(store: &ArtifactStore) -> Result<Option<RunSummary>, RunError> {
-        let Some(bytes) = store.get(layout::MANIFEST).await? else { return Ok(None) };
-        let Ok(mut manifest) = serde_json::from_slice::<RunManifest>(&bytes) else { return Ok(None) };
-        // The manifest is updated after each commit; the commit records are the truth.
-        let committed = store.list(layout::COMMITS).await?.iter().filter_map(|k| layout::commit_step(k)).count();
-        manifest.committed_steps = committed as u64;
-        let lease = lease::read_lease(store).await.unwrap_or(None);
-        Ok(Some(RunSummary { manifest, location: store.describe(""), lease }))
-    }
-
-    /// Whether a live writer is running it now (marked running, and its lease's holder alive).
-    pub fn is_writing(&self) -> bool {
-        self.manifest.status == RunStatus::Running
-            && self.lease.as_ref().is_some_and(|holder| holder.liveness() == lease::Liveness::Alive)
-    }
-
-    /// The status to show: a run marked running whose writer is gone (no lease, or its holder
-    /// is dead) is `stopped`, wherever it was started.
-    pub fn status(&self) -> String {
-        match self.manifest.status {
-            RunStatus::Running if !self.is_writing() => "stopped".to_string(),
-            status => status.to_string(),
-        }
-    }
-}
-
-/// The runs under `root`, oldest first. Directories without a readable manifest are skipped.
-pub async fn list_runs(root: &ArtifactStore) -> Result<Vec<RunSummary>, RunError> {
-    let mut runs = Vec::new();
-    for name in root.list_dirs("").await? {
-        if let Some(summary) = RunSummary::read(&root.scoped(&name)).await? {
-            runs.push(summary);
-        }
-    }
-    runs.sort_by(|a, b| a.manifest.created_at.cmp(&b.manifest.created_at));
-    Ok(runs)
 }
