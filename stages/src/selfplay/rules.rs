@@ -1,5 +1,6 @@
-//! The rules of self-play as pure functions: question validity (SSP §4.3), solver reward with
-//! the anti-spam rule (§4.2), proposer reward shapes (SSP's adversarial and intermediate, SESA's
+//! The rules of self-play as pure functions: question validity (SSP's
+//! `ProblemExtractor._is_valid_search_question`), solver reward with the anti-spam rule (SSP's
+//! `quark_score.compute_score`), proposer reward shapes (SSP's adversarial and intermediate, SESA's
 //! frontier), the failure queue, and reading verifier and judge replies.
 
 use std::collections::VecDeque;
@@ -12,7 +13,8 @@ use crate::data::metrics::exact_match;
 use crate::memory::FailureRecord;
 use sesa_engine::deserialize_tagged;
 
-/// The rule-based checks of a proposed question (SSP §4.3; the RAG check is the verify stage).
+/// The rule-based checks of a proposed question (SSP's `_is_valid_search_question`; the RAG
+/// check is the verify stage).
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ValidityRules {
@@ -112,7 +114,7 @@ impl ValidityRules {
     }
 }
 
-/// More answer tags than this in a correct response score [`SPAM_REWARD`] (SSP §4.2).
+/// More answer tags than this in a correct response score [`SPAM_REWARD`] (as in SSP).
 pub const SPAM_TAGS: usize = 10;
 /// The reward of a correct but tag-spamming response.
 pub const SPAM_REWARD: f64 = 0.25;
@@ -295,8 +297,8 @@ pub fn verifier_answer(reply: &str) -> String {
     String::new()
 }
 
-/// Whether a judge's reply says "correct". Unlike SSP's substring test, "incorrect" and "not
-/// correct" are not correct (ssp-protocol §7.8).
+/// Whether a judge's reply says "correct". Unlike SSP's substring test (`"correct" in reply`),
+/// "incorrect" and "not correct" are not correct.
 pub fn judge_says_correct(reply: &str) -> bool {
     let reply = reply.to_lowercase();
     reply.contains("correct") && !reply.contains("incorrect") && !reply.contains("not correct")

@@ -62,7 +62,8 @@ pub enum PoolDraw {
     Distinct,
 }
 
-/// What the solver gets in place of an invalid or rejected proposal (SSP §4.5).
+/// What the solver gets in place of an invalid or rejected proposal (SSP's reuse pool, then a
+/// dummy).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InvalidStrategy {
