@@ -437,6 +437,42 @@ async fn fallback_questions_can_be_limited_by_hop_count() {
     assert!(reused > 0, "no invalid proposal was replaced by a fallback question");
 }
 
+/// `min_substitutes`: that many of every step's replacements are substitutes even while the
+/// reuse pool has questions; without it, once the pool fills, no substitute reaches the solver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_substitutes_keeps_fallback_questions_beside_a_full_pool() {
+    let questions = world().join("world/questions.jsonl");
+    // Per step: (replacements, substitutes among them).
+    let counts = |tables: &BTreeMap<String, Vec<(u64, RecordBatch)>>| -> Vec<(usize, usize)> {
+        tables["verifications"]
+            .iter()
+            .map(|(_, batch)| {
+                let sources = strings(batch, "source");
+                let replaced = sources.iter().filter(|s| *s != "proposed").count();
+                (replaced, sources.iter().filter(|s| *s == "substitute").count())
+            })
+            .collect()
+    };
+    let mut per_arm = Vec::new();
+    for extra in ["", ", min_substitutes: 2"] {
+        let verify = format!(
+            "verify: {{kind: verify, after: [propose], noise: 2, invalid: reuse, fallback_questions: {}{extra}}}",
+            questions.display()
+        );
+        let (_lp, tables) =
+            run_loop(&[("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", &verify)]).await;
+        per_arm.push(counts(&tables));
+    }
+    let (pool_first, mixed) = (&per_arm[0], &per_arm[1]);
+    assert!(
+        pool_first.iter().skip(1).any(|&(replaced, substitutes)| replaced > 0 && substitutes == 0),
+        "the pool should crowd substitutes out: {pool_first:?}"
+    );
+    for &(replaced, substitutes) in mixed {
+        assert!(substitutes >= replaced.min(2), "{mixed:?}");
+    }
+}
+
 /// With `pool_draw: distinct`, a step reuses each pooled question at most once (the rest of its
 /// replacements come from the fallback questions, as with an empty pool); SSP's draws repeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,6 +135,12 @@ pub struct VerifyConfig {
     /// world's questions have one): the depths a small solver can answer at all.
     #[serde(default)]
     pub fallback_max_hops: Option<u8>,
+    /// At least this many of a step's replacements are substitutes from `fallback_questions`
+    /// even while the reuse pool has questions (the first ones, in proposal order): keeps every
+    /// depth the fallback questions hold in the solver's diet once the pool holds only the
+    /// proposer's (default 0, SSP's way: the pool first).
+    #[serde(default)]
+    pub min_substitutes: usize,
 }
 
 fn four() -> usize {
@@ -268,6 +274,12 @@ impl Stage for Verify {
         problems.extend(ConfigProblem::size("max_tokens", config.max_tokens, 1..=MAX_TOKENS));
         problems.extend(ConfigProblem::size("noise", config.noise, 0..=100));
         problems.extend(ConfigProblem::size("pool_clear_interval", config.pool_clear_interval, 1..=u64::MAX));
+        if config.min_substitutes > 0 && config.fallback_questions.is_none() {
+            problems.push(ConfigProblem::new(
+                "min_substitutes",
+                "draws from `fallback_questions`: name a question set there, or remove the key",
+            ));
+        }
         if problems.is_empty() { Ok(Verify { config, fallback: LoadOnce::default() }) } else { Err(problems) }
     }
 
@@ -415,11 +427,13 @@ impl Stage for Verify {
             }
             unused.shuffle(&mut cx.rng(3_000_000));
         }
-        let fallback = match (&self.config.fallback_questions, available.is_empty() || distinct) {
+        let substitutes_first = self.config.min_substitutes > 0;
+        let fallback = match (&self.config.fallback_questions, available.is_empty() || distinct || substitutes_first) {
             (Some(path), true) => self.fallback.get(|| self.load_fallback(path))?,
             _ => Default::default(),
         };
         let mut rows = Vec::with_capacity(proposals.rows());
+        let mut substitutes_owed = self.config.min_substitutes;
         for i in 0..proposals.rows() {
             let checked = valid.iter().position(|&v| v == i);
             let (accept, answer, reason) = match checked {
@@ -434,7 +448,14 @@ impl Stage for Verify {
                 let mut rng = cx.rng(2_000_000 + i as u64);
                 let replacement = match self.config.invalid {
                     InvalidStrategy::Reuse => {
-                        let reused = if distinct { unused.pop() } else { available.choose(&mut rng) };
+                        let reused = if substitutes_owed > 0 && !fallback.is_empty() {
+                            substitutes_owed -= 1;
+                            None
+                        } else if distinct {
+                            unused.pop()
+                        } else {
+                            available.choose(&mut rng)
+                        };
                         match reused {
                             Some(q) => Some((q.question.clone(), q.target.clone(), q.hops, Vec::new(), "reused")),
                             None => fallback.choose(&mut rng).map(|q| {
