@@ -6,7 +6,7 @@
 //!
 //! - `agent`: the multi-turn search-agent loop (proposer, solver, evaluation).
 //! - `memory`: the skill memory (skills, embedder, bank, distillation).
-//! - `sections`: the `model:`, `judge:`, `agent:`, `prompts:` and `world:` sections of specs.
+//! - `sections`: every spec section of the domain (`model:`, `search:`, `memory:`, `trainer:`, …).
 //! - `search`: the agents' search tool (BM25 index, retriever client and server, formatting).
 //! - `data`: question sets, answer metrics, generated worlds.
 //! - `selfplay`: the loop's stage kinds and the resources they share.

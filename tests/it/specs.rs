@@ -580,6 +580,23 @@ fn two_proposer_baselines_are_refused() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// `min_substitutes` draws from `fallback_questions`: without them it is refused, naming the key.
+#[test]
+fn min_substitutes_without_fallback_questions_is_refused() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let validate = |extra: &[&str]| {
+        let mut args = vec!["validate", "specs/learn.yaml", "--set", "stages.verify.min_substitutes=2"];
+        args.extend(extra);
+        run_sesa_with(ChildRegistry::Stages, &args, repo)
+    };
+    let output = validate(&["--set", "stages.verify.fallback_questions=null"]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("stages.verify.min_substitutes: draws from `fallback_questions`"), "{text}");
+    let output = validate(&[]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn training_in_process_without_an_in_process_policy_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -22,7 +22,9 @@ pub use self::prompt::{
 };
 pub use self::tags::{FormatError, MAX_QUERY_CHARS, Role, TurnAction, information_block, parse_turn};
 use crate::search::{Search, SearchError, format_results};
-use sesa_models::policy::{FinishReason, GenerationRequest, KvCacheDtype, Policy, PolicyError, Precision, Sampling};
+use sesa_models::policy::{
+    FinishReason, Generation, GenerationRequest, KvCacheDtype, Policy, PolicyError, Precision, Sampling,
+};
 
 /// Budgets of one episode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,52 +325,27 @@ impl AgentRun<'_> {
                 Some(written) if turn == 0 => written.opening.clone(),
                 _ => String::new(),
             };
-            let after_thought =
+            let stop_at_thought =
                 episode.written.as_ref().is_some_and(|w| w.after_thought.get(turn).is_some_and(Option::is_some));
-            let (mut tokens, mut generation_ms, mut part) = (0, 0, 0);
-            let finish = loop {
-                // A turn's later parts get seeds of their own; its first keeps the turn's seed.
-                let seed = turn_seed(episode.seed, turn) ^ part;
-                let mut request = self.request(&trajectory, prompt_ids.as_deref(), seed, tokens);
-                if after_thought && part == 0 {
-                    request.stop.push(THOUGHT_END.to_string());
-                }
-                let clock = Instant::now();
-                let generation =
-                    busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
-                let generation = generation.into_iter().next().ok_or_else(|| {
-                    AgentError::Contract(format!(
-                        "policy `{}` answered no generation for a request",
-                        self.policy.name()
-                    ))
-                })?;
-                generation_ms += clock.elapsed().as_millis() as u64;
-                let generated =
-                    generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
-                tokens += generated;
-                trajectory.response.push_str(&generation.text);
-                text.push_str(&generation.text);
-                match (&generation.token_ids, &generation.logprobs) {
-                    (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
-                        trajectory.token_ids.extend(ids);
-                        trajectory.logprobs.extend(logprobs);
-                        trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
-                    }
-                    _ => trajectory.tokens_exact = false,
-                }
-                let budget_left = trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
-                    && tokens < self.limits.max_turn_tokens;
-                if part > 0 || !after_thought || !text.ends_with(THOUGHT_END) || !budget_left {
-                    break generation.finish;
-                }
+            let seed = turn_seed(episode.seed, turn);
+            let (generation, mut tokens, mut generation_ms) =
+                self.generate(&mut trajectory, prompt_ids.as_deref(), seed, 0, stop_at_thought, busy).await?;
+            text.push_str(&generation.text);
+            let mut finish = generation.finish;
+            let budget_left = trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
+                && tokens < self.limits.max_turn_tokens;
+            if stop_at_thought && text.ends_with(THOUGHT_END) && budget_left {
                 // The thought closed where a written continuation may go: write it (unless the
-                // model said it already), then let the model go on with the turn.
+                // model said it already), then let the model go on with the turn, seeded apart.
                 if let Some(written) = episode.written.as_ref().and_then(|w| w.after(turn, &text)) {
                     self.write(&mut trajectory, written).await?;
                     text.push_str(written);
                 }
-                part += 1;
-            };
+                let (more, more_tokens, more_ms) =
+                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 1, tokens, false, busy).await?;
+                text.push_str(&more.text);
+                (finish, tokens, generation_ms) = (more.finish, tokens + more_tokens, generation_ms + more_ms);
+            }
             trajectory.turns.push(Turn {
                 text: text.clone(),
                 tokens,
@@ -422,11 +399,49 @@ impl AgentRun<'_> {
         Ok(trajectory)
     }
 
+    /// One generation of a turn that has generated `in_turn` tokens so far, appended to the
+    /// trajectory as sampled; stopping also at the end of a thought when `stop_at_thought`.
+    /// Returns it, the tokens it generated and its wall time in milliseconds.
+    async fn generate(
+        &self,
+        trajectory: &mut Trajectory,
+        prompt_ids: Option<&[u32]>,
+        seed: u64,
+        in_turn: usize,
+        stop_at_thought: bool,
+        busy: &BusyClock,
+    ) -> Result<(Generation, usize, u64), AgentError> {
+        let mut request = self.request(trajectory, prompt_ids, seed, in_turn);
+        if stop_at_thought {
+            request.stop.push(THOUGHT_END.to_string());
+        }
+        let clock = Instant::now();
+        let generation = busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
+        let generation = generation.into_iter().next().ok_or_else(|| {
+            AgentError::Contract(format!("policy `{}` answered no generation for a request", self.policy.name()))
+        })?;
+        let generation_ms = clock.elapsed().as_millis() as u64;
+        let tokens = generation.token_ids.as_ref().map(Vec::len).unwrap_or_else(|| generation.text.len().div_ceil(4));
+        trajectory.response.push_str(&generation.text);
+        match (&generation.token_ids, &generation.logprobs) {
+            (Some(ids), Some(logprobs)) if ids.len() == logprobs.len() => {
+                trajectory.token_ids.extend(ids);
+                trajectory.logprobs.extend(logprobs);
+                trajectory.loss_mask.extend(std::iter::repeat_n(1, ids.len()));
+            }
+            _ => trajectory.tokens_exact = false,
+        }
+        Ok((generation, tokens, generation_ms))
+    }
+
     /// Appends `text` to the response as written, not sampled.
     async fn write(&self, trajectory: &mut Trajectory, text: &str) -> Result<(), AgentError> {
         trajectory.response.push_str(text);
+        if !trajectory.tokens_exact {
+            return Ok(());
+        }
         match self.policy.tokenize(text).await? {
-            Some(ids) if trajectory.tokens_exact => {
+            Some(ids) => {
                 trajectory.loss_mask.extend(std::iter::repeat_n(2, ids.len()));
                 trajectory.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
                 trajectory.token_ids.extend(ids);

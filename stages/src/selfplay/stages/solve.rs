@@ -303,12 +303,14 @@ impl Stage for Solve {
                 let failed = group.iter().all(|r| {
                     solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None) == 0.0
                 });
-                let question = questions[i].unwrap_or_default();
+                if !failed {
+                    continue;
+                }
                 let help = match self.config.guidance {
                     Guidance::Hint => hint(&paths[i], targets[i]).map(Help::Hint),
-                    _ => plan(question).map(Help::Plan),
+                    _ => plan(questions[i].unwrap_or_default()).map(Help::Plan),
                 };
-                if let Some(help) = help.filter(|_| failed) {
+                if let Some(help) = help {
                     guided.push((k, i, help));
                 }
             }
@@ -333,14 +335,12 @@ impl Stage for Solve {
             (generation_ms, search_ms) = (generation_ms + generation, search_ms + search);
             for ((k, i, help), mut trajectory) in guided.into_iter().zip(trajectories) {
                 if let Help::Hint(_) = help {
-                    // Recorded under the prompt without the hint: what the update trains it as.
-                    trajectory.prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
-                    if trajectory.tokens_exact {
-                        let ids =
-                            selfplay.policy.tokenize(&trajectory.prompt).await.map_err(|e| failed("tokenizing", e))?;
-                        trajectory.prompt_ids = ids.unwrap_or_default();
-                        trajectory.prompt_tokens = Some(trajectory.prompt_ids.len());
-                    }
+                    // Recorded under the prompt without the hint, the group's own: what the
+                    // update trains it as.
+                    let bare = &rollouts[k * self.config.n_rollouts].trajectory;
+                    trajectory.prompt.clone_from(&bare.prompt);
+                    trajectory.prompt_ids.clone_from(&bare.prompt_ids);
+                    trajectory.prompt_tokens = bare.prompt_tokens;
                 }
                 rollouts.push(rollout((k, i, n), Some(help.recorded()), trajectory));
             }

@@ -427,10 +427,10 @@ impl Stage for Verify {
             }
             unused.shuffle(&mut cx.rng(3_000_000));
         }
-        let substitutes_first = self.config.min_substitutes > 0;
-        let fallback = match (&self.config.fallback_questions, available.is_empty() || distinct || substitutes_first) {
-            (Some(path), true) => self.fallback.get(|| self.load_fallback(path))?,
-            _ => Default::default(),
+        // Read once a run, on first use.
+        let fallback = match &self.config.fallback_questions {
+            Some(path) => self.fallback.get(|| self.load_fallback(path))?,
+            None => Default::default(),
         };
         let mut rows = Vec::with_capacity(proposals.rows());
         let mut substitutes_owed = self.config.min_substitutes;

@@ -57,19 +57,24 @@ impl Sample {
         Some(TrainSequence { tokens, mask })
     }
 
+    /// The `loss_mask` value and the recorded log-probability of each scored position of
+    /// [`Self::sequence`].
+    fn scored(&self, sequence: &TrainSequence) -> impl Iterator<Item = (u32, f32)> + '_ {
+        let offset = self.prompt_ids.len();
+        sequence.positions().into_iter().map(move |p| {
+            (
+                self.loss_mask.get(p - offset).copied().unwrap_or(0),
+                self.logprobs.get(p - offset).copied().unwrap_or(0.0),
+            )
+        })
+    }
+
     /// For a guided rollout, at each scored position of [`Self::sequence`], the log-probability
     /// it was sampled with (under a hint), or `None` for a token written rather than sampled
     /// (a plan's, `loss_mask` 2); `None` for an unguided rollout and when inexact.
     pub fn guided_at(&self, sequence: &TrainSequence) -> Option<Vec<Option<f32>>> {
-        if !self.guided || !self.exact {
-            return None;
-        }
-        let offset = self.prompt_ids.len();
-        let at = |p: usize| match self.loss_mask.get(p - offset) {
-            Some(&WRITTEN) => None,
-            _ => Some(self.logprobs.get(p - offset).copied().unwrap_or(0.0)),
-        };
-        Some(sequence.positions().iter().map(|&p| at(p)).collect())
+        (self.guided && self.exact)
+            .then(|| self.scored(sequence).map(|(mask, logprob)| (mask != WRITTEN).then_some(logprob)).collect())
     }
 
     /// The serving log-probabilities of the trained prompt at the scored positions: those it was
@@ -78,8 +83,7 @@ impl Sample {
         if self.guided || !self.exact {
             return Vec::new();
         }
-        let offset = self.prompt_ids.len();
-        sequence.positions().iter().map(|&p| self.logprobs.get(p - offset).copied().unwrap_or(0.0)).collect()
+        self.scored(sequence).map(|(_, logprob)| logprob).collect()
     }
 }
 
