@@ -721,10 +721,10 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     }
 }
 
-/// `guidance: plan`: a question in the generated world's grammar whose rollouts all failed gets
-/// one more rollout under the bare prompt, its response opening with the written plan of the
-/// question's chain (`loss_mask` 2); p̂ ignores it; evaluation never opens with a plan; and a
-/// run resumed after a crash makes the same guided rollouts.
+/// `guidance: plan` with `guided_rollouts: 2`: a question in the generated world's grammar whose
+/// rollouts all failed gets two more rollouts under the bare prompt, their responses opening
+/// with the written plan of the question's chain (`loss_mask` 2); p̂ ignores them; evaluation
+/// never opens with a plan; and a run resumed after a crash makes the same guided rollouts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     let questions = world().join("world/questions.jsonl");
@@ -740,7 +740,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify.as_str()),
         (
             "solve: {kind: solve, after: [verify], n_rollouts: 3}",
-            "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: plan}",
+            "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: plan, guided_rollouts: 2}",
         ),
         ("  consolidate:", eval.as_str()),
     ];
@@ -769,8 +769,12 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
                 continue;
             }
             (guided, guided_turns) = (guided + 1, guided_turns + turns[i]);
-            assert_eq!(indices[i], 2, "one more rollout after the group's two");
-            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && j != i).collect();
+            assert!([2, 3].contains(&indices[i]), "two more rollouts after the group's two");
+            let companions = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && flags.value(j) && j != i);
+            assert_eq!(companions.map(|j| indices[j]).collect::<Vec<_>>(), [5 - indices[i]]);
+            let group: Vec<usize> =
+                (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && !flags.value(j)).collect();
+            assert_eq!(group.len(), 2);
             assert!(
                 group.iter().all(|&j| reward[j] == Some(0.0)),
                 "step {step}: a group that had succeeded was guided"

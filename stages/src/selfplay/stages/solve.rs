@@ -47,6 +47,10 @@ pub struct SolveConfig {
     /// nothing). Never applied by `evaluate`.
     #[serde(default)]
     pub guidance: Guidance,
+    /// Guided rollouts a group that never succeeded gets (with `guidance` other than `none`):
+    /// more of them give a group more chances at the success that carries its gradient.
+    #[serde(default = "one")]
+    pub guided_rollouts: usize,
 }
 
 /// What a group whose rollouts all failed gets.
@@ -83,6 +87,7 @@ pub fn plan(question: &str) -> Option<Written> {
 }
 
 /// The help a guided rollout gets.
+#[derive(Clone)]
 enum Help {
     /// Appended to the question in its prompt.
     Hint(String),
@@ -115,6 +120,10 @@ pub fn hint(path: &[String], target: &str) -> Option<String> {
 }
 
 fn first_step() -> u64 {
+    1
+}
+
+fn one() -> usize {
     1
 }
 
@@ -215,8 +224,15 @@ impl Stage for Solve {
     type Config = SolveConfig;
 
     fn new(config: SolveConfig) -> Result<Self, Vec<ConfigProblem>> {
-        if let Some(problem) = ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096) {
-            return Err(vec![problem]);
+        let problems: Vec<ConfigProblem> = [
+            ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096),
+            ConfigProblem::size("guided_rollouts", config.guided_rollouts, 1..=4_096),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !problems.is_empty() {
+            return Err(problems);
         }
         Ok(Solve { config })
     }
@@ -282,7 +298,7 @@ impl Stage for Solve {
             }
         }
         let (trajectories, mut generation_ms, mut search_ms) = play(cx, &selfplay, Role::Solver, &episodes).await?;
-        let rollout = |(k, i, rollout): (usize, usize, u64), hint: Option<String>, trajectory| Rollout {
+        let record = |(k, i, rollout): (usize, usize, u64), hint: Option<String>, trajectory| Rollout {
             item: items[i],
             rollout,
             question: questions[i].unwrap_or_default().to_string(),
@@ -293,7 +309,7 @@ impl Stage for Solve {
             trajectory,
         };
         let mut rollouts: Vec<Rollout> =
-            rows.into_iter().zip(trajectories).map(|(row, t)| rollout(row, None, t)).collect();
+            rows.into_iter().zip(trajectories).map(|(row, t)| record(row, None, t)).collect();
         if self.config.guidance != Guidance::None {
             let paths = verifications.strs("path")?;
             let mut guided = Vec::new();
@@ -311,14 +327,19 @@ impl Stage for Solve {
                     _ => plan(questions[i].unwrap_or_default()).map(Help::Plan),
                 };
                 if let Some(help) = help {
-                    guided.push((k, i, help));
+                    // Rollout numbers go on from the group's own; the first guided one's seed is
+                    // what it was when a group got only one.
+                    let first = self.config.n_rollouts as u64;
+                    for rollout in first..first + self.config.guided_rollouts as u64 {
+                        guided.push((k, i, rollout, help.clone()));
+                    }
                 }
             }
-            let n = self.config.n_rollouts as u64;
             let episodes: Vec<Episode> = guided
                 .iter()
-                .map(|(k, i, help)| {
-                    let (question, seed) = (questions[*i].unwrap_or_default(), cx.seed((items[*i] << 20) | n));
+                .map(|(k, i, rollout, help)| {
+                    let question = questions[*i].unwrap_or_default();
+                    let seed = cx.seed((items[*i] << 20) | rollout);
                     match help {
                         Help::Hint(hint) => {
                             Episode::new(render(&format!("{question}{hint}"), blocks[*k].clone()), seed)
@@ -333,7 +354,7 @@ impl Stage for Solve {
                 .collect();
             let (trajectories, generation, search) = play(cx, &selfplay, Role::Solver, &episodes).await?;
             (generation_ms, search_ms) = (generation_ms + generation, search_ms + search);
-            for ((k, i, help), mut trajectory) in guided.into_iter().zip(trajectories) {
+            for ((k, i, rollout, help), mut trajectory) in guided.into_iter().zip(trajectories) {
                 if let Help::Hint(_) = help {
                     // Recorded under the prompt without the hint, the group's own: what the
                     // update trains it as.
@@ -342,7 +363,7 @@ impl Stage for Solve {
                     trajectory.prompt_ids.clone_from(&bare.prompt_ids);
                     trajectory.prompt_tokens = bare.prompt_tokens;
                 }
-                rollouts.push(rollout((k, i, n), Some(help.recorded()), trajectory));
+                rollouts.push(record((k, i, rollout), Some(help.recorded()), trajectory));
             }
         }
         let metrics = [
