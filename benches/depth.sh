@@ -12,8 +12,9 @@
 # 2. Its export: both arms start from it, and it is the frozen policy they are compared with.
 # 3. Self-play for STEPS steps (default 6), proposer and solver both trained, SSP's rules, the
 #    proposer asked for two to four hops, invalid proposals replaced from the reuse pool and,
-#    while it is empty, by training-world questions of one to four hops (the solver must meet
-#    depth somewhere: this proposer's deep questions rarely pass the RAG check); two arms
+#    while it is empty (and three a step whatever it holds), by training-world questions of one
+#    to four hops (the solver must meet depth somewhere: this proposer's deep questions rarely
+#    pass the RAG check); two arms
 #    that differ only in `stages.solve.guidance` (GUIDANCE, default "none hint"), side by
 #    side. Each is evaluated greedily at its last step.
 # 4. benches/learn_report.py: per-hop success of each arm against the frozen warm start and
