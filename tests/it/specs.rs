@@ -563,37 +563,43 @@ fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run()
     assert!(text.contains("the spec has 1 problem"), "{text}");
 }
 
+/// `sesa validate specs/learn.yaml` with each of `sets` as a `--set`.
+fn validate_learn(sets: &[&str]) -> std::process::Output {
+    let mut args = vec!["validate", "specs/learn.yaml"];
+    args.extend(sets.iter().flat_map(|set| ["--set", set]));
+    run_sesa_with(ChildRegistry::Stages, &args, Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// The proposer has one baseline: a running mean or the per-hop-count means, not both.
 #[test]
 fn two_proposer_baselines_are_refused() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let validate = |extra: &[&str]| {
-        let mut args = vec!["validate", "specs/learn.yaml", "--set", "stages.update.proposer_baseline_per_hops=true"];
-        args.extend(extra);
-        run_sesa_with(ChildRegistry::Stages, &args, repo)
-    };
-    let output = validate(&[]);
+    let both = "stages.update.proposer_baseline_per_hops=true";
+    let output = validate_learn(&[both]);
     let text = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("stages.update.proposer_baseline_per_hops: the proposer has one baseline"), "{text}");
-    let output = validate(&["--set", "stages.update.proposer_baseline=null"]);
+    let output = validate_learn(&[both, "stages.update.proposer_baseline=null"]);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
-/// `min_substitutes` draws from `fallback_questions`: without them it is refused, naming the key.
+/// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
+/// or without `invalid: reuse`, it is refused, naming the key.
 #[test]
 fn min_substitutes_without_fallback_questions_is_refused() {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let validate = |extra: &[&str]| {
-        let mut args = vec!["validate", "specs/learn.yaml", "--set", "stages.verify.min_substitutes=2"];
-        args.extend(extra);
-        run_sesa_with(ChildRegistry::Stages, &args, repo)
-    };
-    let output = validate(&["--set", "stages.verify.fallback_questions=null"]);
+    let two = "stages.verify.min_substitutes=2";
+    let output = validate_learn(&[two, "stages.verify.fallback_questions=null"]);
     let text = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert!(text.contains("stages.verify.min_substitutes: draws from `fallback_questions`"), "{text}");
-    let output = validate(&[]);
+    // Only `invalid: reuse` replaces proposals with questions; a dummy would ignore the key.
+    let output = validate_learn(&[two, "stages.verify.invalid=dummy"]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("stages.verify.min_substitutes: replaces invalid proposals only with `invalid: reuse`"),
+        "{text}"
+    );
+    let output = validate_learn(&[two]);
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 

@@ -31,6 +31,15 @@ use crate::agent::{Outcome, Trajectory};
 use sesa_engine::columns::{Columns, schema_of};
 use sesa_models::policy::{KvCacheDtype, Precision};
 
+// Defaults the stages' configs share (serde names them by path).
+fn one() -> usize {
+    1
+}
+
+fn four() -> usize {
+    4
+}
+
 /// `step_metrics`: one row per (stage, metric) and step, appended by every stage of the loop.
 /// Long format, so each stage adds what it knows; pivot in DuckDB for a wide view.
 pub fn metrics_batch<M: AsRef<str>>(stage: &str, rows: &[(M, f64)]) -> Result<RecordBatch, ArrowError> {

@@ -49,7 +49,7 @@ pub struct SolveConfig {
     pub guidance: Guidance,
     /// Guided rollouts a group that never succeeded gets (with `guidance` other than `none`):
     /// more of them give a group more chances at the success that carries its gradient.
-    #[serde(default = "one")]
+    #[serde(default = "super::one")]
     pub guided_rollouts: usize,
 }
 
@@ -120,10 +120,6 @@ pub fn hint(path: &[String], target: &str) -> Option<String> {
 }
 
 fn first_step() -> u64 {
-    1
-}
-
-fn one() -> usize {
     1
 }
 
@@ -224,17 +220,10 @@ impl Stage for Solve {
     type Config = SolveConfig;
 
     fn new(config: SolveConfig) -> Result<Self, Vec<ConfigProblem>> {
-        let problems: Vec<ConfigProblem> = [
-            ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096),
-            ConfigProblem::size("guided_rollouts", config.guided_rollouts, 1..=4_096),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if !problems.is_empty() {
-            return Err(problems);
-        }
-        Ok(Solve { config })
+        let mut problems = Vec::new();
+        problems.extend(ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096));
+        problems.extend(ConfigProblem::size("guided_rollouts", config.guided_rollouts, 1..=4_096));
+        if problems.is_empty() { Ok(Solve { config }) } else { Err(problems) }
     }
 
     fn inputs(&self) -> Vec<TableSpec> {

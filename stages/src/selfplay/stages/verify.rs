@@ -101,7 +101,7 @@ pub struct VerifyConfig {
     #[serde(default)]
     pub verifier: Verifier,
     /// Other proposals' materials mixed in as noise (SSP: 4).
-    #[serde(default = "four")]
+    #[serde(default = "super::four")]
     pub noise: usize,
     /// New tokens of the verifier's answer at most (SSP: 70); with `reads: search`, the
     /// agent section's budgets apply instead.
@@ -143,9 +143,6 @@ pub struct VerifyConfig {
     pub min_substitutes: usize,
 }
 
-fn four() -> usize {
-    4
-}
 fn seventy() -> usize {
     70
 }
@@ -278,6 +275,12 @@ impl Stage for Verify {
             problems.push(ConfigProblem::new(
                 "min_substitutes",
                 "draws from `fallback_questions`: name a question set there, or remove the key",
+            ));
+        }
+        if config.min_substitutes > 0 && config.invalid != InvalidStrategy::Reuse {
+            problems.push(ConfigProblem::new(
+                "min_substitutes",
+                "replaces invalid proposals only with `invalid: reuse`: set it, or remove the key",
             ));
         }
         if problems.is_empty() { Ok(Verify { config, fallback: LoadOnce::default() }) } else { Err(problems) }

@@ -82,10 +82,10 @@ pub struct WarmupConfig {
     #[serde(default)]
     pub file: Option<PathBuf>,
     /// Passes over the demonstrations.
-    #[serde(default = "one")]
+    #[serde(default = "super::one")]
     pub epochs: usize,
     /// Demonstrations per optimizer step (their gradients accumulate).
-    #[serde(default = "four")]
+    #[serde(default = "super::four")]
     pub batch: usize,
     /// AdamW and the learning-rate schedule.
     pub optimizer: OptimizerConfig,
@@ -105,14 +105,6 @@ impl WarmupConfig {
         }
         roles
     }
-}
-
-fn one() -> usize {
-    1
-}
-
-fn four() -> usize {
-    4
 }
 
 /// The supervised warm start.

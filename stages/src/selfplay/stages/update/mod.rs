@@ -60,7 +60,7 @@ pub struct UpdateConfig {
     #[serde(default)]
     pub loss: ClippedObjective,
     /// Passes over each role's batch.
-    #[serde(default = "one")]
+    #[serde(default = "super::one")]
     pub ppo_epochs: usize,
     /// Sequences per optimizer step (SSP: 640, so its 1,280 solver rollouts take two steps and
     /// its 256 proposals one); the whole batch by default.
@@ -97,10 +97,6 @@ impl UpdateConfig {
     pub fn trained_roles(&self) -> Vec<Role> {
         self.roles.iter().map(|name| role_named(name)).collect()
     }
-}
-
-fn one() -> usize {
-    1
 }
 
 /// What an update did, whichever trainer ran it.
