@@ -316,6 +316,10 @@ impl Policy for CandlePolicy {
         Box::pin(async move { self.inner.tokenize(text).map(Some) })
     }
 
+    fn decode<'a>(&'a self, ids: &'a [u32]) -> BoxFuture<'a, Result<Option<String>, PolicyError>> {
+        Box::pin(async move { self.inner.decode(ids).map(Some) })
+    }
+
     fn generate<'a>(
         &'a self,
         requests: &'a [GenerationRequest],

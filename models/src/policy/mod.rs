@@ -125,6 +125,10 @@ pub trait Policy: Send + Sync {
     /// Token ids of `text` (special-token markers in it included), when the backend can tell.
     fn tokenize<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Option<Vec<u32>>, PolicyError>>;
 
+    /// The text of token ids `ids` as this backend's generations spell it, when the backend can
+    /// tell: the agent loop reads back the tokens it takes out of a trajectory.
+    fn decode<'a>(&'a self, ids: &'a [u32]) -> BoxFuture<'a, Result<Option<String>, PolicyError>>;
+
     /// Continues each request. Results are in request order.
     fn generate<'a>(&'a self, requests: &'a [GenerationRequest])
     -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>>;

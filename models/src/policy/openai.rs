@@ -477,6 +477,27 @@ impl Policy for OpenAiPolicy {
         })
     }
 
+    fn decode<'a>(&'a self, ids: &'a [u32]) -> BoxFuture<'a, Result<Option<String>, PolicyError>> {
+        Box::pin(async move {
+            if self.no_tokenizer.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            // `/detokenize` beside `/tokenize`: vLLM answers the text as `prompt`, SGLang as `text`.
+            let sent = self.fleet.send(&mut Vec::new());
+            let root = self.fleet.urls[sent.index].trim_end_matches("/v1").to_string();
+            let body = json!({ "model": self.config.model, "tokens": ids });
+            let response = self.client.post(format!("{root}/detokenize")).json(&body).send().await;
+            Ok(match response {
+                Ok(response) if response.status().is_success() => response
+                    .json::<serde_json::Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| Some(v.get("prompt").or_else(|| v.get("text"))?.as_str()?.to_string())),
+                _ => None,
+            })
+        })
+    }
+
     fn generate<'a>(
         &'a self,
         requests: &'a [GenerationRequest],

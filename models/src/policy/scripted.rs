@@ -94,6 +94,12 @@ impl Policy for ScriptedPolicy {
         Box::pin(async move { Ok(Some(text.bytes().map(u32::from).collect())) })
     }
 
+    fn decode<'a>(&'a self, ids: &'a [u32]) -> BoxFuture<'a, Result<Option<String>, PolicyError>> {
+        Box::pin(async move {
+            Ok(Some(String::from_utf8_lossy(&ids.iter().map(|&id| id as u8).collect::<Vec<u8>>()).into_owned()))
+        })
+    }
+
     fn generate<'a>(
         &'a self,
         requests: &'a [GenerationRequest],

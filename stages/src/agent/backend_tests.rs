@@ -44,6 +44,8 @@ async fn a_vllm_like_server_gives_exact_tokens() {
         let bytes: Vec<u8> = trajectory.token_ids.iter().map(|&id| id as u8).collect();
         assert_eq!(String::from_utf8(bytes).unwrap(), trajectory.response);
         assert!(trajectory.logprobs.iter().all(|&lp| lp <= 0.0));
+        let decoded = policy.decode(&trajectory.token_ids).await.unwrap();
+        assert_eq!(decoded.as_deref(), Some(trajectory.response.as_str()), "`/detokenize` reads the ids back");
     }
 }
 
@@ -54,6 +56,7 @@ async fn a_plain_server_works_and_the_trajectory_says_tokens_are_inexact() {
         assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()), "SSP's rule closes the open tag");
         assert!(!trajectory.tokens_exact);
     }
+    assert_eq!(policy.decode(&[79, 114]).await.unwrap(), None, "no tokenizer, no decoding");
 }
 
 #[cfg(feature = "mistralrs")]
@@ -108,7 +111,7 @@ mod mistralrs {
             let generated: Vec<u32> =
                 a.token_ids.iter().zip(&a.loss_mask).filter(|(_, m)| **m == 1).map(|(id, _)| *id).collect();
             assert_eq!(generated.len(), a.generated_tokens());
-            let decoded = policy.decode(&a.token_ids).await.unwrap();
+            let decoded = policy.decode(&a.token_ids).await.unwrap().expect("mistral.rs decodes");
             assert_eq!(decoded, a.response, "the ids decode back to the text");
             for turn in &a.turns {
                 if turn.query.is_some() {

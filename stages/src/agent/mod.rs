@@ -69,23 +69,33 @@ impl Episode {
 pub struct Written {
     /// What the response opens with; the first turn continues from it.
     pub opening: String,
-    /// Per turn: text written after the turn's first thought closes (`</think>`) unless that
-    /// thought already says it (its words after `<think>`), so that the turn goes on where
-    /// the model would have stopped.
-    pub after_thought: Vec<Option<String>>,
+    /// Per turn: text written into the turn's first thought where the model closed it, unless
+    /// the thought already says it. The sampled `</think>` is taken back, so the model goes on
+    /// thinking from the written words and closes the thought itself: one thought a turn, as
+    /// the model was shown.
+    pub in_thought: Vec<Option<String>>,
 }
 
 impl Written {
-    /// What to write after turn `turn`'s closed thought `text`, if anything.
-    fn after(&self, turn: usize, text: &str) -> Option<&str> {
-        let written = self.after_thought.get(turn)?.as_deref()?;
-        let words = written.trim_start().trim_start_matches("<think>").trim();
-        (!text.contains(words)).then_some(written)
+    /// What to write into turn `turn`'s closed thought `text`, if anything.
+    fn into_thought(&self, turn: usize, text: &str) -> Option<&str> {
+        let written = self.in_thought.get(turn)?.as_deref()?;
+        (!text.contains(written.trim())).then_some(written)
     }
 }
 
-/// Where a thought ends: a turn with text to write after it stops there first.
+/// Where a thought ends: a turn with text to write into its thought stops there first.
 const THOUGHT_END: &str = "</think>";
+
+/// What [`AgentRun::reopen_thought`] took back.
+struct Reopened {
+    /// The response's text taken back: the tag, after what its first token held before it.
+    taken_back: String,
+    /// That text before the tag, to be written again.
+    kept: String,
+    /// Sampled tokens taken back.
+    tokens: usize,
+}
 
 /// How an episode ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -326,7 +336,7 @@ impl AgentRun<'_> {
                 _ => String::new(),
             };
             let stop_at_thought =
-                episode.written.as_ref().is_some_and(|w| w.after_thought.get(turn).is_some_and(Option::is_some));
+                episode.written.as_ref().is_some_and(|w| w.in_thought.get(turn).is_some_and(Option::is_some));
             let seed = turn_seed(episode.seed, turn);
             let (generation, mut tokens, mut generation_ms) =
                 self.generate(&mut trajectory, prompt_ids.as_deref(), seed, 0, stop_at_thought, busy).await?;
@@ -335,11 +345,18 @@ impl AgentRun<'_> {
             let budget_left = trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
                 && tokens < self.limits.max_turn_tokens;
             if stop_at_thought && text.ends_with(THOUGHT_END) && budget_left {
-                // The thought closed where a written continuation may go: write it (unless the
-                // model said it already), then let the model go on with the turn, seeded apart.
-                if let Some(written) = episode.written.as_ref().and_then(|w| w.after(turn, &text)) {
-                    self.write(&mut trajectory, written).await?;
-                    text.push_str(written);
+                // The thought closed where written text may go: unless the model said it already,
+                // reopen the thought and write it there. Either way the model goes on with the
+                // turn, seeded apart.
+                let written = episode.written.as_ref().and_then(|w| w.into_thought(turn, &text));
+                if let Some(written) = written
+                    && let Some(reopened) = self.reopen_thought(&mut trajectory, tokens).await?
+                {
+                    text.truncate(text.len() - reopened.taken_back.len());
+                    tokens -= reopened.tokens;
+                    let written = format!("{}{written}", reopened.kept);
+                    self.write(&mut trajectory, &written).await?;
+                    text.push_str(&written);
                 }
                 let (more, more_tokens, more_ms) =
                     self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 1, tokens, false, busy).await?;
@@ -432,6 +449,40 @@ impl AgentRun<'_> {
             _ => trajectory.tokens_exact = false,
         }
         Ok((generation, tokens, generation_ms))
+    }
+
+    /// Takes the closing `</think>` the model just sampled back out of the trajectory, looking
+    /// at most at the last `sampled` tokens; `None` when the tokens cannot be read back (the
+    /// backend cannot decode, or they do not spell the response's end).
+    ///
+    /// Byte-level tokenizers merge runs of punctuation, so the tag usually ends tokens that
+    /// began before it ("Orla.</think>" as "Orla", ".</", "think", ">"): what those tokens held
+    /// before the tag is handed back to be written again.
+    async fn reopen_thought(
+        &self,
+        trajectory: &mut Trajectory,
+        sampled: usize,
+    ) -> Result<Option<Reopened>, AgentError> {
+        if !trajectory.tokens_exact {
+            let Some(kept) = trajectory.response.strip_suffix(THOUGHT_END) else { return Ok(None) };
+            trajectory.response.truncate(kept.len());
+            return Ok(Some(Reopened { taken_back: THOUGHT_END.into(), kept: String::new(), tokens: 0 }));
+        }
+        let ids = &trajectory.token_ids;
+        for count in 1..=sampled.min(ids.len()) {
+            let Some(tail) = self.policy.decode(&ids[ids.len() - count..]).await? else { return Ok(None) };
+            let Some(at) = tail.rfind(THOUGHT_END) else { continue };
+            if at + THOUGHT_END.len() != tail.len() || !trajectory.response.ends_with(&tail) {
+                return Ok(None);
+            }
+            let keep = ids.len() - count;
+            trajectory.token_ids.truncate(keep);
+            trajectory.logprobs.truncate(keep);
+            trajectory.loss_mask.truncate(keep);
+            trajectory.response.truncate(trajectory.response.len() - tail.len());
+            return Ok(Some(Reopened { kept: tail[..at].to_string(), taken_back: tail, tokens: count }));
+        }
+        Ok(None)
     }
 
     /// Appends `text` to the response as written, not sampled.

@@ -37,10 +37,12 @@ fn searcher_then_answerer(context: &str, _seed: u64) -> String {
 }
 
 fn run(script: fn(&str, u64) -> String, limits: AgentLimits, episodes: &[Episode]) -> Vec<Trajectory> {
+    run_policy(&ScriptedPolicy::new(script), limits, episodes)
+}
+
+fn run_policy(policy: &dyn Policy, limits: AgentLimits, episodes: &[Episode]) -> Vec<Trajectory> {
     let (_dir, index) = index();
-    let policy = ScriptedPolicy::new(script);
-    let agent =
-        AgentRun { role: Role::Solver, policy: &policy, search: &index, top_k: 2, limits, sampling: Sampling::GREEDY };
+    let agent = AgentRun { role: Role::Solver, policy, search: &index, top_k: 2, limits, sampling: Sampling::GREEDY };
     tokio::runtime::Runtime::new().unwrap().block_on(agent.run(episodes)).unwrap()
 }
 
@@ -98,7 +100,7 @@ fn a_written_opening_is_continued_by_the_model_and_marked_as_written() {
         Some((_, rest)) => format!("<answer>{}</answer><|im_end|>", rest.split('"').next().unwrap()),
     };
     let opening = "<think>I need the capital.</think>\n<search>";
-    let written = Written { opening: opening.to_string(), after_thought: Vec::new() };
+    let written = Written { opening: opening.to_string(), in_thought: Vec::new() };
     let episode = Episode { written: Some(written), ..episode(1) };
     let trajectory = run(finish_search, AgentLimits::default(), &[episode]).remove(0);
     assert_eq!(trajectory.queries(), ["capital of Veltria"]);
@@ -137,26 +139,38 @@ fn goes_on(context: &str, seed: u64) -> String {
 }
 
 #[test]
-fn text_written_after_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
-    let after = "\n<think>Next, the country of";
-    let written = Written { opening: String::new(), after_thought: vec![None, Some(after.to_string())] };
+fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
+    let next = " Next, the country of";
+    let written = Written { opening: String::new(), in_thought: vec![None, Some(next.to_string())] };
     let guided = Episode { written: Some(written), ..episode(1) };
-    let trajectory = run(stops_after_one_search, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
-    assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
-    assert_eq!(trajectory.outcome, Outcome::Final("Veltria".into()));
-    assert_eq!(
-        trajectory.turns[1].text,
-        "<think>Found Orla.</think>\n<think>Next, the country of Orla.</think>\n<search>Orla country</search>"
-    );
-    let written: Vec<u8> = trajectory
-        .token_ids
-        .iter()
-        .zip(&trajectory.loss_mask)
-        .filter(|(_, m)| **m == 2)
-        .map(|(&id, _)| id as u8)
-        .collect();
-    assert_eq!(String::from_utf8(written).unwrap(), after);
-    assert_eq!(trajectory.generated_tokens(), trajectory.loss_mask.iter().filter(|&&m| m == 1).count());
+    // A token per byte, and tokens that merge punctuation as byte-level BPE does: "Orla.</think>"
+    // ends in ".</", "think", ">"; the "." taken back with the tag is written again.
+    let bytes = ScriptedPolicy::new(stops_after_one_search);
+    let merged = MergedPunctuation(ScriptedPolicy::new(stops_after_one_search));
+    for policy in [&bytes as &dyn Policy, &merged] {
+        let trajectory = run_policy(policy, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
+        assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"], "{}", policy.name());
+        assert_eq!(trajectory.outcome, Outcome::Final("Veltria".into()));
+        assert_eq!(
+            trajectory.turns[1].text,
+            "<think>Found Orla. Next, the country of Orla.</think>\n<search>Orla country</search>"
+        );
+        let ids = |mask: u8| -> Vec<u32> {
+            trajectory
+                .token_ids
+                .iter()
+                .zip(&trajectory.loss_mask)
+                .filter(|(_, m)| **m == mask)
+                .map(|(&id, _)| id)
+                .collect()
+        };
+        let decode = |ids: &[u32]| futures::executor::block_on(policy.decode(ids)).unwrap().unwrap();
+        let expected = if policy.name() == "scripted" { next.to_string() } else { format!(".{next}") };
+        assert_eq!(decode(&ids(2)), expected, "{}", policy.name());
+        assert_eq!(decode(&trajectory.token_ids), trajectory.response, "the ids spell the response");
+        assert_eq!(trajectory.token_ids.len(), trajectory.logprobs.len());
+        assert_eq!(trajectory.generated_tokens(), ids(1).len(), "taken-back tokens are not counted");
+    }
     // A model that goes on by itself is left alone: nothing is written.
     let trajectory = run(goes_on, AgentLimits::default(), &[guided]).remove(0);
     assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
@@ -164,6 +178,77 @@ fn text_written_after_a_thought_makes_the_turn_go_on_unless_the_model_said_it() 
     // Without written text the first model answers after one search.
     let trajectory = run(stops_after_one_search, AgentLimits::default(), &[episode(1)]).remove(0);
     assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
+}
+
+/// A test double: the scripted policy with a tokenizer that merges runs of up to three ASCII
+/// punctuation bytes into one token (id 256 + the bytes packed), as byte-level BPE does.
+struct MergedPunctuation(ScriptedPolicy);
+
+impl MergedPunctuation {
+    fn ids(text: &str) -> Vec<u32> {
+        let bytes = text.as_bytes();
+        let mut ids = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let run = bytes[at..].iter().take(3).take_while(|b| b.is_ascii_punctuation()).count();
+            if run > 1 {
+                ids.push(256 + bytes[at..at + run].iter().rev().fold(0, |packed, &b| packed << 8 | u32::from(b)));
+                at += run;
+            } else {
+                ids.push(u32::from(bytes[at]));
+                at += 1;
+            }
+        }
+        ids
+    }
+
+    fn text(ids: &[u32]) -> String {
+        let bytes = ids.iter().flat_map(|&id| match id {
+            0..256 => vec![id as u8],
+            _ => (id - 256).to_le_bytes().into_iter().take_while(|&b| b != 0).collect(),
+        });
+        String::from_utf8(bytes.collect()).unwrap()
+    }
+}
+
+impl Policy for MergedPunctuation {
+    fn name(&self) -> &str {
+        "merged punctuation"
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> String {
+        self.0.render_chat(messages)
+    }
+
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
+        Box::pin(async move { Ok(Some(Self::ids(text))) })
+    }
+
+    fn decode<'a>(
+        &'a self,
+        ids: &'a [u32],
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, sesa_models::policy::PolicyError>> {
+        Box::pin(async move { Ok(Some(Self::text(ids))) })
+    }
+
+    fn generate<'a>(
+        &'a self,
+        requests: &'a [GenerationRequest],
+    ) -> futures::future::BoxFuture<'a, Result<Vec<sesa_models::policy::Generation>, sesa_models::policy::PolicyError>>
+    {
+        Box::pin(async move {
+            let mut generations = self.0.generate(requests).await?;
+            for generation in &mut generations {
+                let ids = Self::ids(&generation.text);
+                generation.logprobs = Some(vec![-0.5; ids.len()]);
+                generation.token_ids = Some(ids);
+            }
+            Ok(generations)
+        })
+    }
 }
 
 #[test]
@@ -243,6 +328,13 @@ impl Policy for SlowPolicy {
         text: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
         self.0.tokenize(text)
+    }
+
+    fn decode<'a>(
+        &'a self,
+        ids: &'a [u32],
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>, sesa_models::policy::PolicyError>> {
+        self.0.decode(ids)
     }
 
     fn generate<'a>(

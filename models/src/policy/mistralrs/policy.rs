@@ -238,12 +238,6 @@ impl MistralRsPolicy {
         model.detokenize(ids.to_vec(), true).await.map_err(|e| backend_error(&self.name, e))
     }
 
-    /// The text of `ids`, special tokens skipped.
-    pub async fn decode(&self, ids: &[u32]) -> Result<String, PolicyError> {
-        let instances = self.engines();
-        self.detokenize(&instances[0], ids).await
-    }
-
     fn engines(&self) -> Arc<Vec<mistralrs::Model>> {
         self.instances.read().expect("instances lock").clone()
     }
@@ -368,6 +362,13 @@ impl Policy for MistralRsPolicy {
                 .await
                 .map_err(|e| backend_error(&self.name, e))?;
             Ok(Some(ids))
+        })
+    }
+
+    fn decode<'a>(&'a self, ids: &'a [u32]) -> BoxFuture<'a, Result<Option<String>, PolicyError>> {
+        Box::pin(async move {
+            let instances = self.engines();
+            self.detokenize(&instances[0], ids).await.map(Some)
         })
     }
 

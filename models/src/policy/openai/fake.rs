@@ -1,5 +1,5 @@
 //! Fake OpenAI-compatible servers for tests (here and, with the feature `testing`, in the crates
-//! above): one standing in for vLLM (token ids, log-probabilities, `/tokenize`) and a plain one
+//! above): one standing in for vLLM (token ids, log-probabilities, `/tokenize`, `/detokenize`) and a plain one
 //! that gives neither, both writing a search, then after the search results the answer "Orla".
 
 use axum::routing::post;
@@ -29,6 +29,11 @@ async fn vllm_completions(Json(body): Json<Value>) -> Json<Value> {
 async fn vllm_tokenize(Json(body): Json<Value>) -> Json<Value> {
     let tokens: Vec<u32> = body["prompt"].as_str().unwrap().bytes().map(u32::from).collect();
     Json(json!({ "tokens": tokens }))
+}
+
+async fn vllm_detokenize(Json(body): Json<Value>) -> Json<Value> {
+    let bytes: Vec<u8> = body["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u8).collect();
+    Json(json!({ "prompt": String::from_utf8(bytes).unwrap() }))
 }
 
 /// What a plain server answers to a completion request: the fake turn, no token ids.
@@ -62,7 +67,13 @@ pub fn config(base_url: String) -> OpenAiConfig {
 
 /// A vLLM-like server (exact token ids and log-probabilities); its base URL.
 pub async fn vllm_like() -> String {
-    serve(Router::new().route("/v1/completions", post(vllm_completions)).route("/tokenize", post(vllm_tokenize))).await
+    serve(
+        Router::new()
+            .route("/v1/completions", post(vllm_completions))
+            .route("/tokenize", post(vllm_tokenize))
+            .route("/detokenize", post(vllm_detokenize)),
+    )
+    .await
 }
 
 /// A server that gives neither token ids nor a tokenizer; its base URL.

@@ -74,16 +74,16 @@ pub enum Guidance {
 
 /// What a plan-guided rollout of `question` has written, or `None` when the question is not in
 /// the generated world's grammar: the plan of its chain, the first thought of a solver's
-/// demonstration; and after the thought of each turn that has read a hop short of the end, the
-/// step on to the next relation ("Next, the country of"), where a solver shown only two hops
-/// answers instead.
+/// demonstration; and in the thought of each turn that has read a hop short of the end, the
+/// step on to the next relation (" Next, the country of"), where a solver shown only two hops
+/// closes the thought and answers instead. The demonstrations' later thoughts read the same:
+/// "The birthplace of Orla Veny is Dunmere. Next, the country of Dunmere."
 pub fn plan(question: &str) -> Option<Written> {
     let (start, relations) = World::read_question(question)?;
     let opening = format!("<think>{}</think>\n", plan_thought(&start, &relations));
     // Turn k has read k results; relation k follows.
-    let after_thought =
-        (0..relations.len()).map(|k| (k > 0).then(|| format!("\n<think>Next, the {} of", relations[k]))).collect();
-    Some(Written { opening, after_thought })
+    let in_thought = (0..relations.len()).map(|k| (k > 0).then(|| format!(" Next, the {} of", relations[k]))).collect();
+    Some(Written { opening, in_thought })
 }
 
 /// The help a guided rollout gets.
@@ -455,8 +455,8 @@ mod tests {
             "<think>I need the spouse of Orla Veny, then the birthplace of it, then the country of it.</think>\n"
         );
         // Nothing after the plan's own turn; then the step to each relation left.
-        let next = |r: &str| Some(format!("\n<think>Next, the {r} of"));
-        assert_eq!(written.after_thought, [None, next("birthplace"), next("country")]);
+        let next = |r: &str| Some(format!(" Next, the {r} of"));
+        assert_eq!(written.in_thought, [None, next("birthplace"), next("country")]);
         assert!(super::plan("Which entity hides behind the word CODE-x here?").is_none(), "not the world's grammar");
     }
 
