@@ -11,8 +11,11 @@ import os
 import sys
 import time
 
-import torch
-from sentence_transformers import SentenceTransformer
+try:
+    import torch
+    from sentence_transformers import SentenceTransformer
+except ImportError as missing:
+    raise SystemExit(f"{missing}: this script needs `pip install sentence-transformers`")
 
 path = sys.argv[1]
 limit = int(sys.argv[2]) if len(sys.argv) > 2 else 1000

@@ -23,7 +23,10 @@ import argparse
 import os
 import random
 
-import duckdb
+try:
+    import duckdb
+except ImportError as missing:
+    raise SystemExit(f"{missing}: this script needs `pip install duckdb matplotlib`")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("runs", nargs="+")

@@ -8,7 +8,10 @@ Needs `pip install duckdb matplotlib`.
 import argparse
 import random
 
-import duckdb
+try:
+    import duckdb
+except ImportError as missing:
+    raise SystemExit(f"{missing}: this script needs `pip install duckdb matplotlib`")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("run")

@@ -38,10 +38,13 @@ import math
 import os
 import sys
 
-import pyarrow.parquet as pq
-import torch
-import torch.distributed as dist
-from transformers import AutoModelForCausalLM, AutoTokenizer
+try:
+    import pyarrow.parquet as pq
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+except ImportError as missing:
+    raise SystemExit(f"{missing}: the reference trainer needs `pip install torch transformers pyarrow`")
 
 
 def split(n, size):
