@@ -78,7 +78,7 @@ pub struct Written {
 
 impl Written {
     /// What to write into turn `turn`'s closed thought `text`, if anything.
-    fn into_thought(&self, turn: usize, text: &str) -> Option<&str> {
+    fn for_thought(&self, turn: usize, text: &str) -> Option<&str> {
         let written = self.in_thought.get(turn)?.as_deref()?;
         (!text.contains(written.trim())).then_some(written)
     }
@@ -348,7 +348,7 @@ impl AgentRun<'_> {
                 // The thought closed where written text may go: unless the model said it already,
                 // reopen the thought and write it there. Either way the model goes on with the
                 // turn, seeded apart.
-                let written = episode.written.as_ref().and_then(|w| w.into_thought(turn, &text));
+                let written = episode.written.as_ref().and_then(|w| w.for_thought(turn, &text));
                 if let Some(written) = written
                     && let Some(reopened) = self.reopen_thought(&mut trajectory, tokens).await?
                 {
