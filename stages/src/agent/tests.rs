@@ -146,7 +146,11 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
     // A token per byte, and tokens that merge punctuation as byte-level BPE does: "Orla.</think>"
     // ends in ".</", "think", ">"; the "." taken back with the tag is written again.
     let bytes = ScriptedPolicy::new(stops_after_one_search);
-    let merged = MergedPunctuation(ScriptedPolicy::new(stops_after_one_search));
+    let merged = ScriptedVariant {
+        script: ScriptedPolicy::new(stops_after_one_search),
+        pause: std::time::Duration::ZERO,
+        merge_punctuation: true,
+    };
     for policy in [&bytes as &dyn Policy, &merged] {
         let trajectory = run_policy(policy, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
         assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"], "{}", policy.name());
@@ -180,11 +184,16 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
     assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
 }
 
-/// A test double: the scripted policy with a tokenizer that merges runs of up to three ASCII
+/// A test double: the scripted policy answering each call after `pause`, with its token per
+/// byte or, with `merge_punctuation`, a tokenizer that merges runs of up to three ASCII
 /// punctuation bytes into one token (id 256 + the bytes packed), as byte-level BPE does.
-struct MergedPunctuation(ScriptedPolicy);
+struct ScriptedVariant {
+    script: ScriptedPolicy,
+    pause: std::time::Duration,
+    merge_punctuation: bool,
+}
 
-impl MergedPunctuation {
+impl ScriptedVariant {
     fn ids(text: &str) -> Vec<u32> {
         let bytes = text.as_bytes();
         let mut ids = Vec::new();
@@ -211,19 +220,22 @@ impl MergedPunctuation {
     }
 }
 
-impl Policy for MergedPunctuation {
+impl Policy for ScriptedVariant {
     fn name(&self) -> &str {
-        "merged punctuation"
+        if self.merge_punctuation { "merged punctuation" } else { "slow scripted" }
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {
-        self.0.render_chat(messages)
+        self.script.render_chat(messages)
     }
 
     fn tokenize<'a>(
         &'a self,
         text: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
+        if !self.merge_punctuation {
+            return self.script.tokenize(text);
+        }
         Box::pin(async move { Ok(Some(Self::ids(text))) })
     }
 
@@ -231,6 +243,9 @@ impl Policy for MergedPunctuation {
         &'a self,
         ids: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<Option<String>, sesa_models::policy::PolicyError>> {
+        if !self.merge_punctuation {
+            return self.script.decode(ids);
+        }
         Box::pin(async move { Ok(Some(Self::text(ids))) })
     }
 
@@ -240,8 +255,9 @@ impl Policy for MergedPunctuation {
     ) -> futures::future::BoxFuture<'a, Result<Vec<sesa_models::policy::Generation>, sesa_models::policy::PolicyError>>
     {
         Box::pin(async move {
-            let mut generations = self.0.generate(requests).await?;
-            for generation in &mut generations {
+            tokio::time::sleep(self.pause).await;
+            let mut generations = self.script.generate(requests).await?;
+            for generation in generations.iter_mut().filter(|_| self.merge_punctuation) {
                 let ids = Self::ids(&generation.text);
                 generation.logprobs = Some(vec![-0.5; ids.len()]);
                 generation.token_ids = Some(ids);
@@ -311,50 +327,13 @@ fn trajectories_do_not_depend_on_batching() {
     assert_ne!(batch[0].response, batch[1].response);
 }
 
-/// A test double: the scripted policy, answering each call after a pause.
-struct SlowPolicy(ScriptedPolicy, std::time::Duration);
-
-impl Policy for SlowPolicy {
-    fn name(&self) -> &str {
-        "slow scripted"
-    }
-
-    fn render_chat(&self, messages: &[ChatMessage]) -> String {
-        self.0.render_chat(messages)
-    }
-
-    fn tokenize<'a>(
-        &'a self,
-        text: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
-        self.0.tokenize(text)
-    }
-
-    fn decode<'a>(
-        &'a self,
-        ids: &'a [u32],
-    ) -> futures::future::BoxFuture<'a, Result<Option<String>, sesa_models::policy::PolicyError>> {
-        self.0.decode(ids)
-    }
-
-    fn generate<'a>(
-        &'a self,
-        requests: &'a [GenerationRequest],
-    ) -> futures::future::BoxFuture<'a, Result<Vec<sesa_models::policy::Generation>, sesa_models::policy::PolicyError>>
-    {
-        Box::pin(async move {
-            tokio::time::sleep(self.1).await;
-            self.0.generate(requests).await
-        })
-    }
-}
-
 /// Episodes wait on the policy at the same time, and that time counts once.
 #[tokio::test]
 async fn episodes_run_concurrently_and_overlapping_calls_count_once() {
     let (_dir, index) = index();
     let pause = std::time::Duration::from_millis(150);
-    let policy = SlowPolicy(ScriptedPolicy::new(searcher_then_answerer), pause);
+    let policy =
+        ScriptedVariant { script: ScriptedPolicy::new(searcher_then_answerer), pause, merge_punctuation: false };
     let agent = AgentRun {
         role: Role::Solver,
         policy: &policy,
