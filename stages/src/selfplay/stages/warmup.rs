@@ -387,6 +387,8 @@ impl Stage for Warmup {
         let clock = Instant::now();
         let selfplay = cx.resource::<SelfPlay>()?;
         let demonstrations = self.demonstrations.get_async(self.demonstrations(&selfplay)).await?;
+        // Training time only: writing the demonstrations (searches, tokenizing) is not training.
+        let training_clock = Instant::now();
         // The demonstrations of each model trained: the shared one, or the proposer's own too.
         let groups = by_training(cx, &selfplay, Self::KIND, demonstrations.iter().map(|d| (d.played_by(), d.clone())))?;
         let (mut rows, mut published, mut optimizer_steps) = (Vec::new(), Vec::new(), 0);
@@ -398,7 +400,7 @@ impl Stage for Warmup {
             metrics.push((training.model.version_metric().to_string(), trained.version as f64));
             published.push(trained.published);
         }
-        let train_ms = elapsed_ms(clock);
+        let train_ms = elapsed_ms(training_clock);
         let published = Published::merge(published)?;
         let count = |role: &str| demonstrations.iter().filter(|d| d.role == role).count() as f64;
         let last_loss = rows.iter().rev().take(8).map(|r| r.loss).sum::<f64>() / rows.len().clamp(1, 8) as f64;
