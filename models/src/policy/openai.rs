@@ -279,6 +279,18 @@ struct ChoiceLogprobs {
 }
 
 impl OpenAiPolicy {
+    /// The JSON answer of a tokenizer endpoint (`tokenize`, `detokenize`), which vLLM and SGLang
+    /// serve beside `/v1` (the servers share a tokenizer); `None` when the server has none.
+    async fn tokenizer_call(&self, endpoint: &str, body: &serde_json::Value) -> Option<serde_json::Value> {
+        let sent = self.fleet.send(&mut Vec::new());
+        let root = self.fleet.urls[sent.index].trim_end_matches("/v1");
+        let response = self.client.post(format!("{root}/{endpoint}")).json(body).send().await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        response.json().await.ok()
+    }
+
     /// A client for `config`; reads the API key from the named environment variable and loads
     /// the chat template.
     pub async fn new(config: OpenAiConfig) -> Result<OpenAiPolicy, PolicyError> {
@@ -452,23 +464,10 @@ impl Policy for OpenAiPolicy {
             if self.no_tokenizer.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            // vLLM and SGLang serve `/tokenize` beside `/v1`; the servers share a tokenizer.
-            let sent = self.fleet.send(&mut Vec::new());
-            let root = self.fleet.urls[sent.index].trim_end_matches("/v1").to_string();
             let body = json!({ "model": self.config.model, "prompt": text, "add_special_tokens": false });
-            let response = self.client.post(format!("{root}/tokenize")).json(&body).send().await;
-            let tokens = match response {
-                Ok(response) if response.status().is_success() => {
-                    response.json::<serde_json::Value>().await.ok().and_then(|v| {
-                        v.get("tokens")?
-                            .as_array()?
-                            .iter()
-                            .map(|t| t.as_u64().map(|t| t as u32))
-                            .collect::<Option<Vec<u32>>>()
-                    })
-                }
-                _ => None,
-            };
+            let tokens = self.tokenizer_call("tokenize", &body).await.and_then(|v| {
+                v.get("tokens")?.as_array()?.iter().map(|t| t.as_u64().map(|t| t as u32)).collect::<Option<Vec<u32>>>()
+            });
             if tokens.is_none() {
                 tracing::warn!(model = %self.config.model, "the server does not tokenize; trajectories will be marked inexact");
                 self.no_tokenizer.store(true, Ordering::Relaxed);
@@ -482,19 +481,10 @@ impl Policy for OpenAiPolicy {
             if self.no_tokenizer.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            // `/detokenize` beside `/tokenize`: vLLM answers the text as `prompt`, SGLang as `text`.
-            let sent = self.fleet.send(&mut Vec::new());
-            let root = self.fleet.urls[sent.index].trim_end_matches("/v1").to_string();
+            // vLLM answers the text as `prompt`, SGLang as `text`.
             let body = json!({ "model": self.config.model, "tokens": ids });
-            let response = self.client.post(format!("{root}/detokenize")).json(&body).send().await;
-            Ok(match response {
-                Ok(response) if response.status().is_success() => response
-                    .json::<serde_json::Value>()
-                    .await
-                    .ok()
-                    .and_then(|v| Some(v.get("prompt").or_else(|| v.get("text"))?.as_str()?.to_string())),
-                _ => None,
-            })
+            let text = self.tokenizer_call("detokenize", &body).await;
+            Ok(text.and_then(|v| Some(v.get("prompt").or_else(|| v.get("text"))?.as_str()?.to_string())))
         })
     }
 

@@ -469,7 +469,9 @@ impl AgentRun<'_> {
             return Ok(Some(Reopened { taken_back: THOUGHT_END.into(), kept: String::new(), tokens: 0 }));
         }
         let ids = &trajectory.token_ids;
-        for count in 1..=sampled.min(ids.len()) {
+        // Every token holds a byte at least, so at most as many tokens as the tag has bytes
+        // spell it: one decode of the last few tokens per try, never of the whole turn.
+        for count in 1..=sampled.min(ids.len()).min(THOUGHT_END.len()) {
             let Some(tail) = self.policy.decode(&ids[ids.len() - count..]).await? else { return Ok(None) };
             let Some(at) = tail.rfind(THOUGHT_END) else { continue };
             if at + THOUGHT_END.len() != tail.len() || !trajectory.response.ends_with(&tail) {

@@ -149,7 +149,7 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
     let merged = ScriptedVariant {
         script: ScriptedPolicy::new(stops_after_one_search),
         pause: std::time::Duration::ZERO,
-        merge_punctuation: true,
+        tokens: Tokens::MergedPunctuation,
     };
     for policy in [&bytes as &dyn Policy, &merged] {
         let trajectory = run_policy(policy, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
@@ -175,6 +175,20 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
         assert_eq!(trajectory.token_ids.len(), trajectory.logprobs.len());
         assert_eq!(trajectory.generated_tokens(), ids(1).len(), "taken-back tokens are not counted");
     }
+    // Without token ids the text alone is reopened and written into.
+    let untold = ScriptedVariant {
+        script: ScriptedPolicy::new(stops_after_one_search),
+        pause: std::time::Duration::ZERO,
+        tokens: Tokens::Untold,
+    };
+    let trajectory = run_policy(&untold, AgentLimits::default(), std::slice::from_ref(&guided)).remove(0);
+    assert!(!trajectory.tokens_exact && trajectory.token_ids.is_empty());
+    assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
+    assert_eq!(
+        trajectory.turns[1].text,
+        "<think>Found Orla. Next, the country of Orla.</think>\n<search>Orla country</search>"
+    );
+    assert!(trajectory.response.contains(&trajectory.turns[1].text), "{}", trajectory.response);
     // A model that goes on by itself is left alone: nothing is written.
     let trajectory = run(goes_on, AgentLimits::default(), &[guided]).remove(0);
     assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"]);
@@ -185,12 +199,19 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
 }
 
 /// A test double: the scripted policy answering each call after `pause`, with its token per
-/// byte or, with `merge_punctuation`, a tokenizer that merges runs of up to three ASCII
-/// punctuation bytes into one token (id 256 + the bytes packed), as byte-level BPE does.
+/// byte, a tokenizer that merges runs of up to three ASCII punctuation bytes into one token
+/// (id 256 + the bytes packed) as byte-level BPE does, or no token ids at all.
 struct ScriptedVariant {
     script: ScriptedPolicy,
     pause: std::time::Duration,
-    merge_punctuation: bool,
+    tokens: Tokens,
+}
+
+#[derive(PartialEq)]
+enum Tokens {
+    Bytes,
+    MergedPunctuation,
+    Untold,
 }
 
 impl ScriptedVariant {
@@ -222,7 +243,11 @@ impl ScriptedVariant {
 
 impl Policy for ScriptedVariant {
     fn name(&self) -> &str {
-        if self.merge_punctuation { "merged punctuation" } else { "slow scripted" }
+        match self.tokens {
+            Tokens::Bytes => "slow scripted",
+            Tokens::MergedPunctuation => "merged punctuation",
+            Tokens::Untold => "no token ids",
+        }
     }
 
     fn render_chat(&self, messages: &[ChatMessage]) -> String {
@@ -233,20 +258,22 @@ impl Policy for ScriptedVariant {
         &'a self,
         text: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<Option<Vec<u32>>, sesa_models::policy::PolicyError>> {
-        if !self.merge_punctuation {
-            return self.script.tokenize(text);
+        match self.tokens {
+            Tokens::Bytes => self.script.tokenize(text),
+            Tokens::MergedPunctuation => Box::pin(async move { Ok(Some(Self::ids(text))) }),
+            Tokens::Untold => Box::pin(async { Ok(None) }),
         }
-        Box::pin(async move { Ok(Some(Self::ids(text))) })
     }
 
     fn decode<'a>(
         &'a self,
         ids: &'a [u32],
     ) -> futures::future::BoxFuture<'a, Result<Option<String>, sesa_models::policy::PolicyError>> {
-        if !self.merge_punctuation {
-            return self.script.decode(ids);
+        match self.tokens {
+            Tokens::Bytes => self.script.decode(ids),
+            Tokens::MergedPunctuation => Box::pin(async move { Ok(Some(Self::text(ids))) }),
+            Tokens::Untold => Box::pin(async { Ok(None) }),
         }
-        Box::pin(async move { Ok(Some(Self::text(ids))) })
     }
 
     fn generate<'a>(
@@ -257,10 +284,13 @@ impl Policy for ScriptedVariant {
         Box::pin(async move {
             tokio::time::sleep(self.pause).await;
             let mut generations = self.script.generate(requests).await?;
-            for generation in generations.iter_mut().filter(|_| self.merge_punctuation) {
-                let ids = Self::ids(&generation.text);
-                generation.logprobs = Some(vec![-0.5; ids.len()]);
-                generation.token_ids = Some(ids);
+            for generation in &mut generations {
+                let ids = (self.tokens == Tokens::MergedPunctuation).then(|| Self::ids(&generation.text));
+                match ids {
+                    Some(ids) => (generation.logprobs, generation.token_ids) = (Some(vec![-0.5; ids.len()]), Some(ids)),
+                    None if self.tokens == Tokens::Untold => (generation.logprobs, generation.token_ids) = (None, None),
+                    None => {}
+                }
             }
             Ok(generations)
         })
@@ -332,8 +362,7 @@ fn trajectories_do_not_depend_on_batching() {
 async fn episodes_run_concurrently_and_overlapping_calls_count_once() {
     let (_dir, index) = index();
     let pause = std::time::Duration::from_millis(150);
-    let policy =
-        ScriptedVariant { script: ScriptedPolicy::new(searcher_then_answerer), pause, merge_punctuation: false };
+    let policy = ScriptedVariant { script: ScriptedPolicy::new(searcher_then_answerer), pause, tokens: Tokens::Bytes };
     let agent = AgentRun {
         role: Role::Solver,
         policy: &policy,
