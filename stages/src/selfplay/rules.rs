@@ -177,7 +177,7 @@ pub struct IntermediateReward {
     pub right: f64,
 }
 
-fn one() -> f64 {
+pub(crate) fn one() -> f64 {
     1.0
 }
 

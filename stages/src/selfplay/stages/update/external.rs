@@ -453,6 +453,7 @@ pub fn train_with_sesa(
         proposer_baseline: None,
         proposer_baseline_per_hops: false,
         skip_groups_without_signal: false,
+        written_weight: 1.0,
         keep_every: None,
         external: None,
     };

@@ -58,11 +58,13 @@ pub(super) struct Plan<'a> {
     pub total_lr_steps: u64,
 }
 
-/// The truncated importance weight of token `t`, min(1, exp(trained − sampled)), for a rollout
-/// sampled under a hint (`hinted`: its sampling log-probabilities); 1 for any other.
-fn truncated_weight(trained: f32, guided: Option<&[Option<f32>]>, t: usize) -> f64 {
-    match guided.and_then(|g| g.get(t)).copied().flatten() {
-        Some(sampled) => f64::from(trained - sampled).exp().min(1.0),
+/// The weight of token `t`'s advantage. For a guided rollout (`guided`: its sampling
+/// log-probabilities, `None` where a token was written): a sampled token's truncated importance
+/// weight, min(1, exp(trained − sampled)), and `written` for a written one; 1 for any other.
+fn token_weight(trained: f32, guided: Option<&[Option<f32>]>, t: usize, written: f64) -> f64 {
+    match guided.map(|g| g.get(t).copied().flatten()) {
+        Some(Some(sampled)) => f64::from(trained - sampled).exp().min(1.0),
+        Some(None) => written,
         None => 1.0,
     }
 }
@@ -95,7 +97,8 @@ pub(super) fn update_role(
     // A guided rollout was sampled under a hint its trained prompt lacks: each token's advantage
     // is weighted by min(1, π(token | prompt) / μ(token | prompt + hint)), the truncated
     // importance weight of the policy trained against the one that sampled it.
-    // A plan's written tokens have no sampling probability: they are trained as written.
+    // A plan's written tokens have no sampling probability: they are trained as written, at
+    // `written_weight`.
     let guided: Vec<Option<Vec<Option<f32>>>> = samples.iter().zip(&sequences).map(|(s, q)| s.guided_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
@@ -153,7 +156,8 @@ pub(super) fn update_role(
                     let derivative = (0..current.len())
                         .map(|t| {
                             let r = reference.as_ref().map(|r| r[i][t]);
-                            let advantage = samples[i].advantage * truncated_weight(old[t], guided[i].as_deref(), t);
+                            let advantage = samples[i].advantage
+                                * token_weight(old[t], guided[i].as_deref(), t, config.written_weight);
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
                             pg += terms.policy * weight;
@@ -298,11 +302,13 @@ mod tests {
     fn a_guided_token_is_weighted_by_the_truncated_ratio_of_the_trained_prompt_to_the_hinted() {
         let hinted = [Some(-0.1f32), Some(-2.0), None];
         // The hint made the first token likelier than the bare prompt does: weight e^(−1.1).
-        assert!((truncated_weight(-1.2, Some(&hinted), 0) - (-1.1f64).exp()).abs() < 1e-6);
+        assert!((token_weight(-1.2, Some(&hinted), 0, 1.0) - (-1.1f64).exp()).abs() < 1e-6);
         // The bare prompt makes the second likelier still: the weight is truncated at 1.
-        assert_eq!(truncated_weight(-0.5, Some(&hinted), 1), 1.0);
-        assert_eq!(truncated_weight(-9.0, Some(&hinted), 2), 1.0, "a written token is trained as written");
-        assert_eq!(truncated_weight(-3.0, None, 0), 1.0, "an unguided rollout is on-policy");
+        assert_eq!(token_weight(-0.5, Some(&hinted), 1, 1.0), 1.0);
+        assert_eq!(token_weight(-9.0, Some(&hinted), 2, 1.0), 1.0, "a written token is trained as written");
+        assert_eq!(token_weight(-9.0, Some(&hinted), 2, 0.25), 0.25, "at the written weight");
+        assert_eq!(token_weight(-0.5, Some(&hinted), 1, 0.25), 1.0, "a sampled token is not");
+        assert_eq!(token_weight(-3.0, None, 0, 0.25), 1.0, "an unguided rollout is on-policy");
     }
 
     fn state() -> TrainState {

@@ -78,6 +78,13 @@ pub struct UpdateConfig {
     /// gradient is the KL term). Saves their forward and backward passes on a CPU.
     #[serde(default)]
     pub skip_groups_without_signal: bool,
+    /// The weight of the tokens guidance wrote into a guided rollout (`loss_mask` 2: a plan,
+    /// a step to the next hop) against the tokens the model sampled, which have weight 1: each
+    /// written token's advantage is scaled by it. 1 (the default) trains them as a
+    /// demonstration; 0 trains only what the model sampled in their context. In-process
+    /// training only.
+    #[serde(default = "crate::selfplay::rules::one")]
+    pub written_weight: f64,
     /// Checkpoints kept: the latest and those of steps that are multiples of this; every one
     /// by default.
     #[serde(default)]
@@ -215,7 +222,19 @@ impl Stage for Update {
         if let Some(every) = config.keep_every {
             problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
         }
+        if !(0.0..=1.0).contains(&config.written_weight) {
+            problems.push(ConfigProblem::new(
+                "written_weight",
+                format!("must be in [0, 1], got {}", config.written_weight),
+            ));
+        }
         if let Some(external) = &config.external {
+            if config.written_weight != 1.0 {
+                problems.push(ConfigProblem::new(
+                    "written_weight",
+                    "an external trainer weights written tokens itself (their `loss_mask` is 2): remove the key",
+                ));
+            }
             if external.command.is_empty() {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
             }
