@@ -10,7 +10,7 @@ use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRe
 use sesa_models::policy::ScriptedPolicy;
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
 use sesa_stages::data::world::{World, WorldConfig};
-use sesa_stages::memory::{CachedEmbedder, HashedWords, SkillBank};
+use sesa_stages::memory::{BankConfig, CachedEmbedder, HashedWords, SkillBank, UsageRule};
 use sesa_stages::search::Bm25Index;
 use sesa_stages::sections::AgentSection;
 use sesa_stages::sections::MemorySection;
@@ -130,16 +130,17 @@ stages:
 
 /// The loop's resources with the scripted policy, recording every context it is given.
 pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopResources {
-    resources_with(dir, contexts, None, false)
+    resources_with(dir, contexts, None, false, UsageRule::default())
 }
 
-/// [`resources`] with a `judge:` model, and with `proposer_model`, a scripted proposer of its
-/// own (the same script).
+/// [`resources`] with a `judge:` model, with `proposer_model`, a scripted proposer of its own
+/// (the same script), and skill usage credited by `usage`.
 fn resources_with(
     dir: &Path,
     contexts: Arc<Mutex<Vec<String>>>,
     judge: Option<Arc<dyn sesa_models::policy::Policy>>,
     proposer_model: bool,
+    usage: UsageRule,
 ) -> LoopResources {
     let proposer_policy: Option<Arc<dyn sesa_models::policy::Policy>> =
         proposer_model.then(|| Arc::new(ScriptedPolicy::new(script)) as _);
@@ -166,7 +167,7 @@ fn resources_with(
         initial: InitialPolicy::never_trained(),
     };
     let memory = SkillMemory {
-        bank: Mutex::new(SkillBank::new(MemorySection::default_bank_config())),
+        bank: Mutex::new(SkillBank::new(BankConfig { usage, ..MemorySection::default_bank_config() })),
         embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
         top_k: 2,
         min_similarity: None,
@@ -179,12 +180,13 @@ fn resources_with(
 /// Runs SPEC with `edits` applied and returns the run's tables by name; with `crashed_after`,
 /// the steps after that one are undone as by a crash and the run resumes with fresh resources.
 async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
-    run_loop_interrupted(edits, None).await
+    run_loop_interrupted(edits, None, UsageRule::default()).await
 }
 
 async fn run_loop_interrupted(
     edits: &[(&str, &str)],
     crashed_after: Option<u64>,
+    usage: UsageRule,
 ) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
     let dir = tempfile::tempdir().unwrap();
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
@@ -202,7 +204,7 @@ async fn run_loop_interrupted(
     let contexts = Arc::new(Mutex::new(Vec::new()));
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap();
-    let first = resources(world(), contexts.clone());
+    let first = resources_with(world(), contexts.clone(), None, false, usage);
     run = run.with_resources(|r| first.install(r));
     let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
     assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
@@ -218,7 +220,7 @@ async fn run_loop_interrupted(
         }
         let mut resumed = Run::open(&root, run.id(), &sesa_stages::registry()).await.unwrap();
         assert_eq!(resumed.manifest().committed_steps, after);
-        let fresh = resources(world(), contexts.clone());
+        let fresh = resources_with(world(), contexts.clone(), None, false, usage);
         fresh.restore(&root, run.id()).await.unwrap();
         resumed = resumed.with_resources(|r| fresh.install(r));
         let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
@@ -715,7 +717,7 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
         contexts.iter().filter(|c| c.contains("Question: ") && !c.contains("CODE-")).collect();
     assert!(!evaluated.is_empty(), "the world's questions were evaluated");
     assert!(evaluated.iter().all(|c| !c.contains("Hint: ")), "evaluation never gets a hint");
-    let (_b, resumed) = run_loop_interrupted(&edits, Some(2)).await;
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
     for table in ["verifications", "rollouts", "rewards"] {
         assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
     }
@@ -800,7 +802,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         .filter(|c| c.rsplit_once("<|im_start|>assistant\n").is_some_and(|(_, r)| r.starts_with("<think>I need the")))
         .count();
     assert_eq!(planned as u64, guided_turns);
-    let (_b, resumed) = run_loop_interrupted(&edits, Some(2)).await;
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
     for table in ["verifications", "rollouts", "rewards"] {
         assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
     }
@@ -870,7 +872,7 @@ async fn two_evaluations_of_one_generated_world_start_together() {
     );
     std::fs::write(dir.path().join("spec.yaml"), spec).unwrap();
     let pipeline = load_pipeline(&dir.path().join("spec.yaml"), &[], &sesa_stages::registry()).unwrap();
-    let resources = resources_with(world(), Arc::default(), None, false);
+    let resources = resources_with(world(), Arc::default(), None, false, UsageRule::default());
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
     let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
@@ -896,7 +898,7 @@ async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
         let question = after_last(context, "Question: ", "\n");
         if question.len().is_multiple_of(2) { "Correct" } else { "Wrong" }.to_string()
     });
-    let resources = resources_with(world(), Arc::default(), Some(Arc::new(judge)), false);
+    let resources = resources_with(world(), Arc::default(), Some(Arc::new(judge)), false, UsageRule::default());
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap().with_resources(|r| resources.install(r));
     let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
@@ -977,12 +979,67 @@ async fn the_same_seed_gives_the_same_tables() {
     }
 }
 
+/// `usage: counterfactual` answers the odd-numbered rollouts of a question shown skills without
+/// them, and credits each skill with the difference: a help where the rollouts shown it
+/// succeeded more often, a harm where less often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counterfactual_usage_credits_the_difference_a_skill_makes() {
+    let (_l, tables) = run_loop_interrupted(&[], None, UsageRule::Counterfactual).await;
+    let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == 1).unwrap().1;
+    let (items, indices, sources) =
+        (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), strings(rollouts, "source"));
+    let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+    let shown = |i: usize| strings_of(skill_ids.value(i).as_any().downcast_ref::<StringArray>().unwrap());
+    let rewards = &tables["rewards"].iter().find(|(s, _)| *s == 1).unwrap().1;
+    let reward: BTreeMap<(u64, u64), f64> = strings(rewards, "role")
+        .iter()
+        .zip(unsigned(rewards, "item").into_iter().zip(unsigned(rewards, "rollout")))
+        .zip(floats(rewards, "reward"))
+        .filter(|((role, _), _)| *role == "solver")
+        .map(|((_, key), r)| (key, r.unwrap()))
+        .collect();
+    // Per proposed question: its skills, and (successes, rollouts) with and without them.
+    let mut groups: BTreeMap<u64, (Vec<String>, [(u64, u64); 2])> = BTreeMap::new();
+    for i in 0..items.len() {
+        let ids = shown(i);
+        assert_eq!(ids.is_empty(), indices[i] % 2 == 1, "rollout {} of question {}: {ids:?}", indices[i], items[i]);
+        if sources[i] != "proposed" {
+            continue;
+        }
+        let group = groups.entry(items[i]).or_default();
+        if !ids.is_empty() {
+            group.0 = ids;
+        }
+        let counts = &mut group.1[usize::from(indices[i] % 2 == 1)];
+        counts.0 += u64::from(reward[&(items[i], indices[i])] > 0.0);
+        counts.1 += 1;
+    }
+    let mut expected: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    for (ids, [(s, n), (s0, n0)]) in groups.values() {
+        for id in ids {
+            let e = expected.entry(id.clone()).or_default();
+            e.0 += 1;
+            e.1 += u64::from(s * n0 > s0 * n);
+            e.2 += u64::from(s * n0 < s0 * n);
+        }
+    }
+    assert!(expected.values().any(|e| e.1 + e.2 > 0), "no question told skills apart: {expected:?}");
+    let bank = &tables["skills"].iter().rev().find(|(s, b)| *s == 1 && b.num_rows() > 0).unwrap().1;
+    let credited: BTreeMap<String, (u64, u64, u64)> = strings(bank, "skill_id")
+        .into_iter()
+        .zip(unsigned(bank, "retrievals").into_iter().zip(unsigned(bank, "helps")).zip(unsigned(bank, "harms")))
+        .filter(|(_, ((r, _), _))| *r > 0)
+        .map(|(id, ((r, h), x))| (id, (r, h, x)))
+        .collect();
+    assert_eq!(credited, expected);
+}
+
 /// A run that crashed after step 2 and resumed (bank, failure queue and reuse pool rebuilt from
 /// its tables) ends with exactly the tables of an uninterrupted run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_loop_restores_its_memory_exactly() {
     let (_a, straight) = run_loop(&[]).await;
-    let (_b, resumed) = run_loop_interrupted(&[], Some(2)).await;
+    let (_b, resumed) = run_loop_interrupted(&[], Some(2), UsageRule::default()).await;
     for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
         assert_eq!(straight[table], resumed[table], "table {table} differs after a resume");
     }
@@ -1249,7 +1306,7 @@ async fn an_external_trainer_trains_a_proposer_model_apart_and_reloads_only_when
     let (trainer, mode) = external_trainer(dir.path());
     let (spec, external, reloads) = external_spec(dir.path(), &trainer);
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
-    let fresh = || resources_with(world(), Arc::default(), None, true);
+    let fresh = || resources_with(world(), Arc::default(), None, true, UsageRule::default());
     let checkpoint =
         |step: u64, model: &str| external.join(format!("step-{step:08}/{model}/checkpoint")).display().to_string();
     let manifest = |step: u64, model: &str| -> serde_json::Value {

@@ -582,6 +582,18 @@ fn two_proposer_baselines_are_refused() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// `written_weight` is a weight of at most 1 and at least 0, and an external trainer weights
+/// written tokens itself.
+#[test]
+fn a_written_weight_outside_zero_to_one_is_refused() {
+    let output = validate_learn(&["stages.update.written_weight=1.5"]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("stages.update.written_weight: must be in [0, 1], got 1.5"), "{text}");
+    let output = validate_learn(&["stages.update.written_weight=0.25"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 /// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
 /// or without `invalid: reuse`, it is refused, naming the key.
 #[test]

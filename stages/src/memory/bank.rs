@@ -22,6 +22,12 @@ pub enum UsageRule {
     /// Each retrieved skill: +1 retrieval per question, +1 help when most of its rollouts
     /// succeeded (p̂ > ½), +1 harm when most failed (p̂ < ½), nothing at p̂ = ½.
     Majority,
+    /// The difference a skill makes rather than how hard its questions are: the odd-numbered
+    /// rollouts of a question shown skills are answered without them, and each retrieved skill
+    /// gets +1 retrieval, +1 help when the rollouts shown it succeeded more often than those
+    /// not shown it, +1 harm when less often, nothing at a tie. Those rollouts lose the skills
+    /// (and are trained without them).
+    Counterfactual,
 }
 
 /// The bank's rules (the paper's; the dedup threshold depends on the embedder).
@@ -102,6 +108,9 @@ pub struct QuestionUsage {
     pub successes: u64,
     /// Rollouts in all.
     pub rollouts: u64,
+    /// Successes and rollouts of the question's rollouts answered without its skills
+    /// ([`UsageRule::Counterfactual`]); not part of `successes` and `rollouts`.
+    pub without: Option<(u64, u64)>,
 }
 
 /// The skill memory.
@@ -258,6 +267,14 @@ impl SkillBank {
                 UsageRule::Majority => {
                     (u64::from(question.successes > failures), u64::from(question.successes < failures))
                 }
+                UsageRule::Counterfactual => match question.without {
+                    // p̂ with the skills against p̂ without them, cross-multiplied.
+                    Some((successes, rollouts)) if rollouts > 0 && question.rollouts > 0 => {
+                        let (with, without) = (question.successes * rollouts, successes * question.rollouts);
+                        (u64::from(with > without), u64::from(with < without))
+                    }
+                    _ => (0, 0),
+                },
             };
             for id in &question.skill_ids {
                 if let Some(skill) = self.skills.iter_mut().find(|s| &s.id == id) {
@@ -268,6 +285,11 @@ impl SkillBank {
                 }
             }
         }
+    }
+
+    /// How usage is credited.
+    pub fn usage(&self) -> UsageRule {
+        self.config.usage
     }
 
     /// Evicts every non-seed skill retrieved at least `evict_min_retrievals` times whose

@@ -77,14 +77,19 @@ fn a_bank_full_of_seeds_rejects_new_skills() {
 
 #[test]
 fn usage_rules_credit_retrievals_helps_and_harms() {
+    let question = |id: &str, skill_ids: [&str; 2], successes, without| QuestionUsage {
+        question_id: id.into(),
+        skill_ids: skill_ids.map(String::from).to_vec(),
+        successes,
+        rollouts: 3,
+        without,
+    };
+    // q1: 1 of 3 with its skills, 0 of 2 without; q2: 1 of 3 with, 2 of 2 without; q3 was
+    // never answered without them.
     let usage = [
-        QuestionUsage { question_id: "q1".into(), skill_ids: vec!["a".into(), "b".into()], successes: 1, rollouts: 5 },
-        QuestionUsage {
-            question_id: "q2".into(),
-            skill_ids: vec!["a".into(), "gone".into()],
-            successes: 4,
-            rollouts: 5,
-        },
+        question("q1", ["a", "b"], 1, Some((0, 2))),
+        question("q2", ["a", "gone"], 1, Some((2, 2))),
+        question("q3", ["b", "gone"], 3, None),
     ];
     let counts = |rule| {
         let mut bank = SkillBank::new(BankConfig { usage: rule, capacity: 10, ..config() });
@@ -93,8 +98,10 @@ fn usage_rules_credit_retrievals_helps_and_harms() {
         bank.record_usage(&usage);
         bank.skills().iter().map(|s| (s.meta.retrievals, s.meta.helps, s.meta.harms)).collect::<Vec<_>>()
     };
-    assert_eq!(counts(UsageRule::Rollouts), [(2, 5, 5), (1, 1, 4)]);
-    assert_eq!(counts(UsageRule::Majority), [(2, 1, 1), (1, 0, 1)]);
+    assert_eq!(counts(UsageRule::Rollouts), [(2, 2, 4), (2, 4, 2)]);
+    assert_eq!(counts(UsageRule::Majority), [(2, 0, 2), (2, 1, 1)]);
+    // The difference the skills made: q1 helped, q2 harmed, q3 has no contrast.
+    assert_eq!(counts(UsageRule::Counterfactual), [(2, 1, 1), (2, 1, 0)]);
 }
 
 #[test]
@@ -128,6 +135,7 @@ fn each_commit_of_changes_is_one_version() {
         skill_ids: vec!["a".into()],
         successes: 0,
         rollouts: 1,
+        without: None,
     }]);
     assert_eq!(bank.commit(), Some(2));
     assert_eq!(bank.version(), 2);

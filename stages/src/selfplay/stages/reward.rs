@@ -154,10 +154,19 @@ impl Stage for Reward {
         // p̂ per question: the share of its rollouts with a positive reward (0.25 counts). A
         // guided rollout had help the question's difficulty must not count.
         let mut by_item: BTreeMap<u64, (u64, u64, Vec<String>)> = BTreeMap::new();
+        // The rollouts answered without any skill, for counterfactual usage.
+        let mut without: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         for i in (0..rollouts.rows()).filter(|&i| !guided[i]) {
-            let entry = by_item.entry(items[i]).or_insert_with(|| (0, 0, skill_ids[i].clone()));
+            let entry = by_item.entry(items[i]).or_default();
             entry.0 += u64::from(rewards[i] > 0.0);
             entry.1 += 1;
+            if skill_ids[i].is_empty() {
+                let entry = without.entry(items[i]).or_default();
+                entry.0 += u64::from(rewards[i] > 0.0);
+                entry.1 += 1;
+            } else if entry.2.is_empty() {
+                entry.2.clone_from(&skill_ids[i]);
+            }
         }
         let p_hat: BTreeMap<u64, f64> =
             by_item.iter().map(|(&item, (s, n, _))| (item, *s as f64 / *n as f64)).collect();
@@ -204,11 +213,16 @@ impl Stage for Reward {
             let usage: Vec<QuestionUsage> = by_item
                 .iter()
                 .filter(|(item, (_, _, ids))| !ids.is_empty() && proposed.contains(item))
-                .map(|(item, (successes, n, ids))| QuestionUsage {
-                    question_id: format!("s{}-{item}", cx.step()),
-                    skill_ids: ids.clone(),
-                    successes: *successes,
-                    rollouts: *n,
+                .map(|(item, (successes, n, ids))| {
+                    let without = without.get(item).copied();
+                    let (s, r) = without.unwrap_or_default();
+                    QuestionUsage {
+                        question_id: format!("s{}-{item}", cx.step()),
+                        skill_ids: ids.clone(),
+                        successes: successes - s,
+                        rollouts: n - r,
+                        without,
+                    }
                 })
                 .collect();
             let mut bank = memory.bank.lock().expect("bank lock");

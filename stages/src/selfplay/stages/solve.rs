@@ -25,7 +25,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
-use crate::memory::{SkillEvent, SkillEventKind, events_batch};
+use crate::memory::{SkillEvent, SkillEventKind, UsageRule, events_batch};
 use crate::sections::RetrieveBy;
 use crate::selfplay::demonstrations::plan_thought;
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
@@ -277,11 +277,21 @@ impl Stage for Solve {
                 .policy
                 .render_chat(&template.render(&BTreeMap::from([("question", question.to_string()), ("skills", block)])))
         };
+        // Counterfactual usage: a group's odd-numbered rollouts are answered without the
+        // question's skills, the contrast that credits them.
+        let counterfactual =
+            memory.as_ref().is_some_and(|m| m.bank.lock().expect("bank lock").usage() == UsageRule::Counterfactual);
+        let n_rollouts = self.config.n_rollouts as u64;
+        let shown = |k: usize, rollout: u64| {
+            if counterfactual && rollout < n_rollouts && rollout % 2 == 1 { &[][..] } else { &retrieved[k][..] }
+        };
         let mut episodes = Vec::new();
         let mut rows = Vec::new();
         for (k, &i) in asked.iter().enumerate() {
-            let prompt = render(questions[i].unwrap_or_default(), blocks[k].clone());
-            for rollout in 0..self.config.n_rollouts as u64 {
+            let question = questions[i].unwrap_or_default();
+            let (with, without) = (render(question, blocks[k].clone()), render(question, String::new()));
+            for rollout in 0..n_rollouts {
+                let prompt = if shown(k, rollout).is_empty() && !retrieved[k].is_empty() { &without } else { &with };
                 episodes.push(Episode::new(prompt.clone(), cx.seed((items[i] << 20) | rollout)));
                 rows.push((k, i, rollout));
             }
@@ -293,7 +303,7 @@ impl Stage for Solve {
             question: questions[i].unwrap_or_default().to_string(),
             target: targets[i].to_string(),
             source: sources[i].to_string(),
-            skill_ids: retrieved[k].clone(),
+            skill_ids: shown(k, rollout).to_vec(),
             hint,
             trajectory,
         };

@@ -361,6 +361,7 @@ mod tests {
             proposer_baseline: None,
             proposer_baseline_per_hops: false,
             skip_groups_without_signal: false,
+            written_weight: 1.0,
             keep_every: None,
             external: None,
         }
@@ -397,6 +398,24 @@ mod tests {
         }
         let last = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         assert!(last[0].kl > 0.0, "the policy moved away from its reference");
+    }
+
+    #[test]
+    fn written_tokens_are_trained_at_the_written_weight() {
+        // A guided rollout whose first four response tokens were written and the last three
+        // sampled (at a probability so low that their truncated weight is 1).
+        let mut batch = batch(&[1.0]);
+        let sample = &mut batch.samples[0];
+        (sample.guided, sample.loss_mask, sample.logprobs) = (true, vec![2, 2, 2, 2, 1, 1, 1], vec![-100.0; 7]);
+        let pg = |written_weight| {
+            let config = UpdateConfig { written_weight, ..config(1, None) };
+            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            update_role(&mut state(), &batch, &plan, &mut Timings::default()).unwrap()[0].pg_loss
+        };
+        // At ratio 1 each token's surrogate is its weighted advantage, averaged over seven.
+        assert!((pg(1.0) + 1.0).abs() < 1e-9, "{}", pg(1.0));
+        assert!((pg(0.0) + 3.0 / 7.0).abs() < 1e-9, "only the sampled tokens: {}", pg(0.0));
+        assert!((pg(0.5) + 5.0 / 7.0).abs() < 1e-9, "{}", pg(0.5));
     }
 
     #[test]
