@@ -999,7 +999,8 @@ async fn counterfactual_usage_credits_the_difference_a_skill_makes() {
         .map(|((_, key), r)| (key, r.unwrap()))
         .collect();
     // Per proposed question: its skills, and (successes, rollouts) with and without them.
-    let mut groups: BTreeMap<u64, (Vec<String>, [(u64, u64); 2])> = BTreeMap::new();
+    type Outcomes = [(u64, u64); 2];
+    let mut groups: BTreeMap<u64, (Vec<String>, Outcomes)> = BTreeMap::new();
     for i in 0..items.len() {
         let ids = shown(i);
         assert_eq!(ids.is_empty(), indices[i] % 2 == 1, "rollout {} of question {}: {ids:?}", indices[i], items[i]);
