@@ -981,58 +981,82 @@ async fn the_same_seed_gives_the_same_tables() {
 
 /// `usage: counterfactual` answers the odd-numbered rollouts of a question shown skills without
 /// them, and credits each skill with the difference: a help where the rollouts shown it
-/// succeeded more often, a harm where less often.
+/// succeeded more often, a harm where less often; on every question but a dummy (step 1 asks
+/// proposed and dummy questions, step 2 reused ones too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counterfactual_usage_credits_the_difference_a_skill_makes() {
     let (_l, tables) = run_loop_interrupted(&[], None, UsageRule::Counterfactual).await;
-    let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == 1).unwrap().1;
-    let (items, indices, sources) =
-        (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), strings(rollouts, "source"));
-    let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
-    let shown = |i: usize| strings_of(skill_ids.value(i).as_any().downcast_ref::<StringArray>().unwrap());
-    let rewards = &tables["rewards"].iter().find(|(s, _)| *s == 1).unwrap().1;
-    let reward: BTreeMap<(u64, u64), f64> = strings(rewards, "role")
-        .iter()
-        .zip(unsigned(rewards, "item").into_iter().zip(unsigned(rewards, "rollout")))
-        .zip(floats(rewards, "reward"))
-        .filter(|((role, _), _)| *role == "solver")
-        .map(|((_, key), r)| (key, r.unwrap()))
-        .collect();
-    // Per proposed question: its skills, and (successes, rollouts) with and without them.
-    type Outcomes = [(u64, u64); 2];
-    let mut groups: BTreeMap<u64, (Vec<String>, Outcomes)> = BTreeMap::new();
-    for i in 0..items.len() {
-        let ids = shown(i);
-        assert_eq!(ids.is_empty(), indices[i] % 2 == 1, "rollout {} of question {}: {ids:?}", indices[i], items[i]);
-        if sources[i] != "proposed" {
-            continue;
+    // Per skill: (retrievals, helps, harms) in the bank at the end of a step.
+    type Credits = BTreeMap<String, (u64, u64, u64)>;
+    let bank_after = |step: u64| -> Credits {
+        let bank = &tables["skills"].iter().rev().find(|(s, b)| *s == step && b.num_rows() > 0).unwrap().1;
+        strings(bank, "skill_id")
+            .into_iter()
+            .zip(unsigned(bank, "retrievals").into_iter().zip(unsigned(bank, "helps")).zip(unsigned(bank, "harms")))
+            .map(|(id, ((r, h), x))| (id, (r, h, x)))
+            .collect()
+    };
+    let mut judged_sources = std::collections::BTreeSet::new();
+    let mut before = Credits::new();
+    for step in [1, 2] {
+        let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == step).unwrap().1;
+        let (items, indices, sources) =
+            (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), strings(rollouts, "source"));
+        let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let shown = |i: usize| strings_of(skill_ids.value(i).as_any().downcast_ref::<StringArray>().unwrap());
+        let rewards = &tables["rewards"].iter().find(|(s, _)| *s == step).unwrap().1;
+        let reward: BTreeMap<(u64, u64), f64> = strings(rewards, "role")
+            .iter()
+            .zip(unsigned(rewards, "item").into_iter().zip(unsigned(rewards, "rollout")))
+            .zip(floats(rewards, "reward"))
+            .filter(|((role, _), _)| *role == "solver")
+            .map(|((_, key), r)| (key, r.unwrap()))
+            .collect();
+        // Per judging question: its skills, and (successes, rollouts) with and without them.
+        type Outcomes = [(u64, u64); 2];
+        let mut groups: BTreeMap<u64, (Vec<String>, Outcomes)> = BTreeMap::new();
+        for i in 0..items.len() {
+            let ids = shown(i);
+            assert_eq!(ids.is_empty(), indices[i] % 2 == 1, "rollout {} of question {}: {ids:?}", indices[i], items[i]);
+            if sources[i] == "dummy" {
+                continue;
+            }
+            if !ids.is_empty() {
+                judged_sources.insert(sources[i].clone());
+            }
+            let group = groups.entry(items[i]).or_default();
+            if !ids.is_empty() {
+                group.0 = ids;
+            }
+            let counts = &mut group.1[usize::from(indices[i] % 2 == 1)];
+            counts.0 += u64::from(reward[&(items[i], indices[i])] > 0.0);
+            counts.1 += 1;
         }
-        let group = groups.entry(items[i]).or_default();
-        if !ids.is_empty() {
-            group.0 = ids;
+        let mut expected = Credits::new();
+        for (ids, [(s, n), (s0, n0)]) in groups.values() {
+            for id in ids {
+                let e = expected.entry(id.clone()).or_default();
+                e.0 += 1;
+                e.1 += u64::from(s * n0 > s0 * n);
+                e.2 += u64::from(s * n0 < s0 * n);
+            }
         }
-        let counts = &mut group.1[usize::from(indices[i] % 2 == 1)];
-        counts.0 += u64::from(reward[&(items[i], indices[i])] > 0.0);
-        counts.1 += 1;
+        assert!(expected.values().any(|e| e.1 + e.2 > 0), "step {step}: no question told skills apart: {expected:?}");
+        // What the step added to each skill it kept (a skill evicted at the step is gone).
+        let after = bank_after(step);
+        let credited: Credits = after
+            .iter()
+            .map(|(id, &(r, h, x))| {
+                let (r0, h0, x0) = before.get(id).copied().unwrap_or_default();
+                (id.clone(), (r - r0, h - h0, x - x0))
+            })
+            .filter(|(_, (r, _, _))| *r > 0)
+            .collect();
+        expected.retain(|id, _| after.contains_key(id));
+        assert_eq!(credited, expected, "step {step}");
+        before = after;
     }
-    let mut expected: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-    for (ids, [(s, n), (s0, n0)]) in groups.values() {
-        for id in ids {
-            let e = expected.entry(id.clone()).or_default();
-            e.0 += 1;
-            e.1 += u64::from(s * n0 > s0 * n);
-            e.2 += u64::from(s * n0 < s0 * n);
-        }
-    }
-    assert!(expected.values().any(|e| e.1 + e.2 > 0), "no question told skills apart: {expected:?}");
-    let bank = &tables["skills"].iter().rev().find(|(s, b)| *s == 1 && b.num_rows() > 0).unwrap().1;
-    let credited: BTreeMap<String, (u64, u64, u64)> = strings(bank, "skill_id")
-        .into_iter()
-        .zip(unsigned(bank, "retrievals").into_iter().zip(unsigned(bank, "helps")).zip(unsigned(bank, "harms")))
-        .filter(|(_, ((r, _), _))| *r > 0)
-        .map(|(id, ((r, h), x))| (id, (r, h, x)))
-        .collect();
-    assert_eq!(credited, expected);
+    assert!(judged_sources.len() > 1, "questions of one source only judged skills: {judged_sources:?}");
 }
 
 /// A run that crashed after step 2 and resumed (bank, failure queue and reuse pool rebuilt from
