@@ -1021,11 +1021,9 @@ async fn counterfactual_usage_credits_the_difference_a_skill_makes() {
             if sources[i] == "dummy" {
                 continue;
             }
-            if !ids.is_empty() {
-                judged_sources.insert(sources[i].clone());
-            }
             let group = groups.entry(items[i]).or_default();
             if !ids.is_empty() {
+                judged_sources.insert(sources[i].clone());
                 group.0 = ids;
             }
             let counts = &mut group.1[usize::from(indices[i] % 2 == 1)];

@@ -30,6 +30,23 @@ pub enum UsageRule {
     Counterfactual,
 }
 
+impl UsageRule {
+    /// Whether a solver question of this `source` (`proposed`, `reused`, `substitute`, `dummy`)
+    /// judges the skills it was shown. By outcome (`rollouts`, `majority`), only the proposer's
+    /// accepted questions: reused ones were counted when first asked, and the training world's
+    /// substitutes are not the frontier the skills are distilled for. By difference
+    /// (`counterfactual`), every real question: the rollouts without the skills are the
+    /// baseline, whatever the question's source or difficulty. Never a dummy: every dummy
+    /// retrieves the same skills and would collect harms for nothing.
+    pub fn judges(self, source: &str) -> bool {
+        match source {
+            "proposed" => true,
+            "dummy" => false,
+            _ => self == UsageRule::Counterfactual,
+        }
+    }
+}
+
 /// The bank's rules (the paper's; the dedup threshold depends on the embedder).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BankConfig {

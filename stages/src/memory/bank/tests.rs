@@ -105,6 +105,16 @@ fn usage_rules_credit_retrievals_helps_and_harms() {
 }
 
 #[test]
+fn only_counterfactual_usage_is_judged_on_reused_and_substitute_questions() {
+    let judged = |rule: UsageRule| -> Vec<bool> {
+        ["proposed", "reused", "substitute", "dummy"].into_iter().map(|source| rule.judges(source)).collect()
+    };
+    assert_eq!(judged(UsageRule::Rollouts), [true, false, false, false]);
+    assert_eq!(judged(UsageRule::Majority), [true, false, false, false]);
+    assert_eq!(judged(UsageRule::Counterfactual), [true, true, true, false]);
+}
+
+#[test]
 fn harmful_non_seed_skills_are_evicted_after_enough_retrievals() {
     let mut bank = SkillBank::new(BankConfig { capacity: 10, dedup_threshold: 1.0, ..config() });
     let meta = |retrievals, helps, harms, seed| SkillMeta { retrievals, helps, harms, seed, ..SkillMeta::default() };

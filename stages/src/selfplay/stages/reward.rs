@@ -16,7 +16,7 @@ use super::solve::Solve;
 use super::verify::{Verify, judge_answers};
 use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_table};
 use crate::data::metrics::exact_match;
-use crate::memory::{QuestionUsage, UsageRule, skills_batch};
+use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
 use crate::selfplay::rules::{FrontierReward, ProposerReward, solver_reward};
 use sesa_engine::columns::{Columns, Reader, schema_of};
@@ -204,23 +204,11 @@ impl Stage for Reward {
         let mut skills = skills_batch(0, &[])?;
         let mut bank_metrics = Vec::new();
         if let Ok(memory) = cx.resource::<SkillMemory>() {
-            // Which questions judge a skill. By outcome (`rollouts`, `majority`), only the
-            // proposer's accepted ones: reused questions were counted when first asked, and the
-            // training world's substitutes are not the frontier the skills are distilled for.
-            // By difference (`counterfactual`), every real question: the rollouts without the
-            // skill are the baseline, whatever the question's source or difficulty. Never a
-            // dummy: every dummy retrieves the same skills and would collect harms for nothing.
             let rollout_sources = rollouts.str("source")?;
             let mut bank = memory.bank.lock().expect("bank lock");
-            let by_difference = bank.usage() == UsageRule::Counterfactual;
-            let judges: std::collections::BTreeSet<u64> = (0..rollouts.rows())
-                .filter(|&i| match rollout_sources[i] {
-                    "proposed" => true,
-                    "dummy" => false,
-                    _ => by_difference,
-                })
-                .map(|i| items[i])
-                .collect();
+            let rule = bank.usage();
+            let judges: std::collections::BTreeSet<u64> =
+                (0..rollouts.rows()).filter(|&i| rule.judges(rollout_sources[i])).map(|i| items[i]).collect();
             let usage: Vec<QuestionUsage> = by_item
                 .iter()
                 .filter(|(item, (_, _, ids))| !ids.is_empty() && judges.contains(item))
