@@ -74,6 +74,10 @@ fn script(context: &str, seed: u64) -> String {
     if searched == 0 {
         return format!("<search>{question}</search>");
     }
+    // A fifth of the solver's rollouts search once more than a one-hop question needs.
+    if searched == 1 && seed % 5 == 4 && !context.contains("Hint: ") {
+        return format!("<search>more on {question}</search>");
+    }
     if let Some(secret) = question.split_whitespace().find_map(|w| w.strip_prefix("SECRET-")) {
         return match context.contains("Search strategies that helped") {
             true => format!("<answer>{}</answer>", decode(secret)),
@@ -977,6 +981,42 @@ async fn the_same_seed_gives_the_same_tables() {
     for table in ["proposals", "verifications", "rollouts", "rewards", "failures", "skills", "skill_events"] {
         assert_eq!(first[table], second[table], "table {table} differs between runs with the same seed");
     }
+}
+
+/// `excess_search_cost` multiplies a correct answer's reward by 1 − cost for each search past
+/// its question's hop count; wrong answers and questions searched no more than needed keep
+/// theirs, and p̂ still counts every correct answer a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
+    let reward = "reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}";
+    let costly =
+        "reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}, excess_search_cost: 0.5}";
+    let (_l, tables) = run_loop(&[(reward, costly)]).await;
+    let mut costed = 0;
+    for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
+        let hops: BTreeMap<u64, u64> = unsigned(verifications, "item")
+            .into_iter()
+            .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
+            .filter_map(|(item, h)| h.map(|h| (item, h)))
+            .collect();
+        let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+        let (items, targets) = (unsigned(rollouts, "item"), strings(rollouts, "target"));
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
+        for i in 0..rollouts.num_rows() {
+            let correct = answers.is_valid(i) && answers.value(i) == targets[i];
+            let excess = hops.get(&items[i]).map_or(0, |&h| (searches.value_length(i) as u64).saturating_sub(h));
+            let expected = if correct { 0.5f64.powi(excess as i32) } else { 0.0 };
+            assert_eq!(reward[i], Some(expected), "step {step}, rollout {i}: {excess} searches past the need");
+            costed += usize::from(correct && excess > 0);
+            // p̂: the group's correct share, however many searches each took.
+            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i]).collect();
+            let successes = group.iter().filter(|&&j| answers.is_valid(j) && answers.value(j) == targets[j]).count();
+            assert_eq!(p_hat[i], Some(successes as f64 / group.len() as f64));
+        }
+    }
+    assert!(costed > 0, "some correct answer searched past its question's hop count");
 }
 
 /// `usage: counterfactual` answers the odd-numbered rollouts of a question shown skills without

@@ -594,6 +594,18 @@ fn a_written_weight_outside_zero_to_one_is_refused() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// `excess_search_cost` multiplies a reward by 1 − cost per excess search: 1 or more would zero
+/// or flip a correct answer's reward.
+#[test]
+fn an_excess_search_cost_outside_zero_to_one_is_refused() {
+    let output = validate_learn(&["stages.reward.excess_search_cost=1"]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("stages.reward.excess_search_cost: 1 is outside [0, 1)"), "{text}");
+    let output = validate_learn(&["stages.reward.excess_search_cost=0.1"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 /// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
 /// or without `invalid: reuse`, it is refused, naming the key.
 #[test]

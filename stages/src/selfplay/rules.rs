@@ -133,6 +133,13 @@ pub fn solver_reward(response: &str, answer: Option<&str>, golds: &[String], jud
     if tags > SPAM_TAGS { SPAM_REWARD } else { 1.0 }
 }
 
+/// The factor a solver reward is multiplied by for searching beyond need: (1 − `cost`) per
+/// search past the question's hop count, 1 where the count is unknown (a dummy question).
+pub fn excess_search_factor(cost: f64, searches: usize, hops: Option<u64>) -> f64 {
+    let excess = hops.map_or(0, |hops| (searches as u64).saturating_sub(hops));
+    (1.0 - cost).powi(i32::try_from(excess).unwrap_or(i32::MAX))
+}
+
 /// How the proposer is rewarded for a question whose solver success rate is p̂.
 #[derive(Debug, Clone, Copy, PartialEq, JsonSchema)]
 #[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]

@@ -45,6 +45,15 @@ fn solver_reward_is_em_then_judge_with_the_anti_spam_rule() {
 }
 
 #[test]
+fn only_searches_past_the_hop_count_cost_reward() {
+    assert_eq!(excess_search_factor(0.1, 2, Some(2)), 1.0, "as many searches as hops");
+    assert_eq!(excess_search_factor(0.1, 1, Some(3)), 1.0, "fewer searches cost nothing");
+    assert!((excess_search_factor(0.1, 3, Some(1)) - 0.81).abs() < 1e-12, "two past the need");
+    assert_eq!(excess_search_factor(0.1, 9, None), 1.0, "no hop count, no cost");
+    assert_eq!(excess_search_factor(0.0, 9, Some(1)), 1.0, "the default changes nothing");
+}
+
+#[test]
 fn validity_rules_name_the_reason() {
     let rules = ValidityRules::default();
     let long = "Which city was the birthplace of the person who founded the company that built it?";

@@ -18,7 +18,7 @@ use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_tab
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
-use crate::selfplay::rules::{FrontierReward, ProposerReward, solver_reward};
+use crate::selfplay::rules::{FrontierReward, ProposerReward, excess_search_factor, solver_reward};
 use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `reward`.
@@ -39,6 +39,13 @@ pub struct RewardConfig {
     /// Ask the judge when a solver answer misses exactly (needs `prompts.judge`).
     #[serde(default)]
     pub judge_fallback: bool,
+    /// Each search a rewarded solver rollout made beyond its question's hop count multiplies
+    /// its reward by 1 − this (0, the default, changes nothing; must be in [0, 1)). Correct
+    /// answers that searched more than the question needs then score below those that did
+    /// not, so a group of all-correct rollouts still teaches when to stop searching; failed
+    /// rollouts and questions without a hop count are left as they are.
+    #[serde(default)]
+    pub excess_search_cost: f64,
 }
 
 fn minus_one() -> f64 {
@@ -90,6 +97,15 @@ impl Stage for Reward {
             if low < 0.0 || high > 1.0 || low >= high {
                 problems.push(ConfigProblem::new("proposer.low", "need 0 ≤ low < high ≤ 1"));
             }
+        }
+        if !(0.0..1.0).contains(&config.excess_search_cost) {
+            problems.push(ConfigProblem::new(
+                "excess_search_cost",
+                format!(
+                    "{} is outside [0, 1): it multiplies a correct answer's reward by 1 − cost per excess search",
+                    config.excess_search_cost
+                ),
+            ));
         }
         let lowest = config.proposer.lowest();
         if problems.is_empty() && config.format_penalty >= lowest && !config.allow_rewarding_invalid {
@@ -148,8 +164,23 @@ impl Stage for Reward {
             }
         }
         let generation_ms = if self.config.judge_fallback { elapsed_ms(generation) } else { 0.0 };
+        let verifications_batch = inputs.get("verifications")?;
+        let verifications = Reader::new("verifications", verifications_batch);
+        let sources = verifications.str("source")?;
+        let proposal_items = verifications.u64("item")?;
+        let requested = verifications.u64("requested_hops")?;
+        let question_hops: BTreeMap<u64, u64> = proposal_items
+            .iter()
+            .zip(verifications.opt_u64("hops")?)
+            .filter_map(|(&item, hops)| hops.map(|h| (item, h)))
+            .collect();
+        let searches = rollouts.strs("searches")?;
         let rewards: Vec<f64> = (0..rollouts.rows())
-            .map(|i| solver_reward(responses[i], answers[i], &[targets[i].to_string()], judged[i]))
+            .map(|i| {
+                let hops = question_hops.get(&items[i]).copied();
+                solver_reward(responses[i], answers[i], &[targets[i].to_string()], judged[i])
+                    * excess_search_factor(self.config.excess_search_cost, searches[i].len(), hops)
+            })
             .collect();
         // p̂ per question: the share of its rollouts with a positive reward (0.25 counts). A
         // guided rollout had help the question's difficulty must not count.
@@ -179,16 +210,6 @@ impl Stage for Reward {
                 reward: rewards[i],
                 p_hat: p_hat.get(&items[i]).copied(),
             })
-            .collect();
-        let verifications_batch = inputs.get("verifications")?;
-        let verifications = Reader::new("verifications", verifications_batch);
-        let sources = verifications.str("source")?;
-        let proposal_items = verifications.u64("item")?;
-        let requested = verifications.u64("requested_hops")?;
-        let question_hops: BTreeMap<u64, u64> = proposal_items
-            .iter()
-            .zip(verifications.opt_u64("hops")?)
-            .filter_map(|(&item, hops)| hops.map(|h| (item, h)))
             .collect();
         let mut proposer_rewards = Vec::new();
         // p̂ of the questions the proposer wrote (not reused or dummy ones), with their hops.
