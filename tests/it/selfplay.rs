@@ -38,7 +38,7 @@ fn decode(code: &str) -> String {
 
 /// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
 /// answer and the answer is not in the question); a third of solver rollouts answer wrongly,
-/// by seed, so success rates vary; a SECRET- word (only evaluation questions have one) is
+/// by seed, so success rates vary, and a fifth search twice; a SECRET- word (only evaluation questions have one) is
 /// decoded only with skills in the prompt, so memory shows in evaluations; the distillation judge writes two skills per batch, the
 /// second quoting the first failure's answer (a leak admission must reject).
 fn script(context: &str, seed: u64) -> String {
@@ -74,7 +74,8 @@ fn script(context: &str, seed: u64) -> String {
     if searched == 0 {
         return format!("<search>{question}</search>");
     }
-    // A fifth of the solver's rollouts search once more than a one-hop question needs.
+    // A fifth of the solver's turns after a first search search again (past the need at one
+    // hop, for `excess_search_cost`); a hinted rollout answers after one, as it always has.
     if searched == 1 && seed % 5 == 4 && !context.contains("Hint: ") {
         return format!("<search>more on {question}</search>");
     }

@@ -134,7 +134,7 @@ pub fn solver_reward(response: &str, answer: Option<&str>, golds: &[String], jud
 }
 
 /// The factor a solver reward is multiplied by for searching beyond need: (1 − `cost`) per
-/// search past the question's hop count, 1 where the count is unknown (a dummy question).
+/// search past the question's hop count, 1 where the count is unknown (a dummy, or a substitute without one).
 pub fn excess_search_factor(cost: f64, searches: usize, hops: Option<u64>) -> f64 {
     let excess = hops.map_or(0, |hops| (searches as u64).saturating_sub(hops));
     (1.0 - cost).powi(i32::try_from(excess).unwrap_or(i32::MAX))

@@ -102,7 +102,7 @@ impl Stage for Reward {
             problems.push(ConfigProblem::new(
                 "excess_search_cost",
                 format!(
-                    "{} is outside [0, 1): it multiplies a correct answer's reward by 1 − cost per excess search",
+                    "{} is outside [0, 1): it multiplies a correct answer's reward by 1 − cost per excess search: set it below 1 (0 turns it off)",
                     config.excess_search_cost
                 ),
             ));
@@ -166,9 +166,7 @@ impl Stage for Reward {
         let generation_ms = if self.config.judge_fallback { elapsed_ms(generation) } else { 0.0 };
         let verifications_batch = inputs.get("verifications")?;
         let verifications = Reader::new("verifications", verifications_batch);
-        let sources = verifications.str("source")?;
         let proposal_items = verifications.u64("item")?;
-        let requested = verifications.u64("requested_hops")?;
         let question_hops: BTreeMap<u64, u64> = proposal_items
             .iter()
             .zip(verifications.opt_u64("hops")?)
@@ -211,6 +209,8 @@ impl Stage for Reward {
                 p_hat: p_hat.get(&items[i]).copied(),
             })
             .collect();
+        let sources = verifications.str("source")?;
+        let requested = verifications.u64("requested_hops")?;
         let mut proposer_rewards = Vec::new();
         // p̂ of the questions the proposer wrote (not reused or dummy ones), with their hops.
         let mut proposed = Vec::new();
