@@ -728,6 +728,40 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     }
 }
 
+/// `guided_groups: all`: every proposed question's group gets its guided rollout, those that
+/// succeeded too; p̂ still counts the unguided rollouts only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guided_groups_all_guides_groups_that_succeeded_too() {
+    let edits = [(
+        "solve: {kind: solve, after: [verify], n_rollouts: 3}",
+        "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: hint, guided_groups: all}",
+    )];
+    let (_l, tables) = run_loop(&edits).await;
+    let (mut guided_after_success, mut proposed) = (0, 0);
+    for (step, rollouts) in &tables["rollouts"] {
+        let flags =
+            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let (items, sources) = (unsigned(rollouts, "item"), strings(rollouts, "source"));
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
+        for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
+            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
+            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags.value(j));
+            assert_eq!(own.len(), 2);
+            let successes = own.iter().filter(|&&j| reward[j].unwrap() > 0.0).count();
+            if sources[group[0]] == "proposed" {
+                proposed += 1;
+                assert_eq!(guided.len(), 1, "step {step}: every proposed question's group is guided once");
+                guided_after_success += usize::from(successes > 0);
+            }
+            for &j in &group {
+                assert_eq!(p_hat[j], Some(successes as f64 / 2.0), "p̂ counts the unguided rollouts only");
+            }
+        }
+    }
+    assert!(proposed > 0 && guided_after_success > 0, "a group that succeeded was guided: {guided_after_success}");
+}
+
 /// `guidance: plan` with `guided_rollouts: 2`: a question in the generated world's grammar whose
 /// rollouts all failed gets two more rollouts under the bare prompt, their responses opening
 /// with the written plan of the question's chain (`loss_mask` 2); p̂ ignores them; evaluation

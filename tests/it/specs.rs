@@ -606,6 +606,17 @@ fn an_excess_search_cost_outside_zero_to_one_is_refused() {
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
 }
 
+/// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.
+#[test]
+fn guided_groups_without_guidance_is_refused() {
+    let output = validate_learn(&["stages.solve.guided_groups=all"]);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("stages.solve.guided_groups: `all` chooses the groups `guidance` helps"), "{text}");
+    let output = validate_learn(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 /// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
 /// or without `invalid: reuse`, it is refused, naming the key.
 #[test]

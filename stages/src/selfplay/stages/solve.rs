@@ -51,6 +51,23 @@ pub struct SolveConfig {
     /// more of them give a group more chances at the success that carries its gradient.
     #[serde(default = "super::one")]
     pub guided_rollouts: usize,
+    /// Which groups `guidance` helps: `failed` (the default), those whose rollouts all failed;
+    /// `all`, every group, so that plans are also written for the depths the solver already
+    /// answers ("I need the founder of X." and no step further) and the written tokens teach
+    /// each question's own depth, not only to go on searching.
+    #[serde(default)]
+    pub guided_groups: GuidedGroups,
+}
+
+/// Which groups get guided rollouts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GuidedGroups {
+    /// Groups whose rollouts all failed: the only ones without a GRPO gradient.
+    #[default]
+    Failed,
+    /// Every group.
+    All,
 }
 
 /// What a group whose rollouts all failed gets.
@@ -223,6 +240,12 @@ impl Stage for Solve {
         let mut problems = Vec::new();
         problems.extend(ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096));
         problems.extend(ConfigProblem::size("guided_rollouts", config.guided_rollouts, 1..=4_096));
+        if config.guided_groups == GuidedGroups::All && config.guidance == Guidance::None {
+            problems.push(ConfigProblem::new(
+                "guided_groups",
+                "`all` chooses the groups `guidance` helps, and `guidance` is `none`: set `guidance: plan` or `hint`, or remove the key",
+            ));
+        }
         if problems.is_empty() { Ok(Solve { config }) } else { Err(problems) }
     }
 
@@ -318,7 +341,7 @@ impl Stage for Solve {
                 let failed = group.iter().all(|r| {
                     solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None) == 0.0
                 });
-                if !failed {
+                if !failed && self.config.guided_groups == GuidedGroups::Failed {
                     continue;
                 }
                 let help = match self.config.guidance {
