@@ -266,6 +266,15 @@ fn floats(batch: &RecordBatch, name: &str) -> Vec<Option<f64>> {
     (0..column.len()).map(|i| column.is_valid(i).then(|| column.value(i))).collect()
 }
 
+/// A step's `verifications` as each question's hop count, where it has one.
+fn question_hops(verifications: &RecordBatch) -> BTreeMap<u64, u64> {
+    unsigned(verifications, "item")
+        .into_iter()
+        .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
+        .filter_map(|(item, h)| h.map(|h| (item, h)))
+        .collect()
+}
+
 fn metric(tables: &BTreeMap<String, Vec<(u64, RecordBatch)>>, name: &str) -> Vec<(u64, f64)> {
     let mut out = Vec::new();
     for (step, batch) in &tables["step_metrics"] {
@@ -629,11 +638,7 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
     assert!(checked > 4, "more than one hop count a step");
     // solver_success_h<n>: the rollouts of questions of n hops that succeeded.
     for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
-        let hops: BTreeMap<u64, u64> = unsigned(verifications, "item")
-            .into_iter()
-            .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
-            .filter_map(|(item, h)| h.map(|h| (item, h)))
-            .collect();
+        let hops = question_hops(verifications);
         let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
         let reward = floats(rewards, "reward");
         let mut per: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
@@ -1029,11 +1034,7 @@ async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
     let (_l, tables) = run_loop(&[(reward, costly)]).await;
     let mut costed = 0;
     for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
-        let hops: BTreeMap<u64, u64> = unsigned(verifications, "item")
-            .into_iter()
-            .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
-            .filter_map(|(item, h)| h.map(|h| (item, h)))
-            .collect();
+        let hops = question_hops(verifications);
         let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
         let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
         let (items, targets) = (unsigned(rollouts, "item"), strings(rollouts, "target"));
