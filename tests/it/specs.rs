@@ -570,51 +570,52 @@ fn validate_learn(sets: &[&str]) -> std::process::Output {
     run_sesa_with(ChildRegistry::Stages, &args, Path::new(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// Asserts that `specs/learn.yaml` with `sets` is refused (exit 2) with `problem` among its problems.
+fn learn_refuses(sets: &[&str], problem: &str) {
+    let output = validate_learn(sets);
+    let text = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains(problem), "{text}");
+}
+
+/// Asserts that `specs/learn.yaml` with `sets` validates.
+fn learn_accepts(sets: &[&str]) {
+    let output = validate_learn(sets);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 /// The proposer has one baseline: a running mean or the per-hop-count means, not both.
 #[test]
 fn two_proposer_baselines_are_refused() {
     let both = "stages.update.proposer_baseline_per_hops=true";
-    let output = validate_learn(&[both]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("stages.update.proposer_baseline_per_hops: the proposer has one baseline"), "{text}");
-    let output = validate_learn(&[both, "stages.update.proposer_baseline=null"]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    learn_refuses(&[both], "stages.update.proposer_baseline_per_hops: the proposer has one baseline");
+    learn_accepts(&[both, "stages.update.proposer_baseline=null"]);
 }
 
 /// `written_weight` is a weight of at most 1 and at least 0, and an external trainer weights
 /// written tokens itself.
 #[test]
 fn a_written_weight_outside_zero_to_one_is_refused() {
-    let output = validate_learn(&["stages.update.written_weight=1.5"]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("stages.update.written_weight: must be in [0, 1], got 1.5"), "{text}");
-    let output = validate_learn(&["stages.update.written_weight=0.25"]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    learn_refuses(&["stages.update.written_weight=1.5"], "stages.update.written_weight: must be in [0, 1], got 1.5");
+    learn_accepts(&["stages.update.written_weight=0.25"]);
 }
 
 /// `excess_search_cost` multiplies a reward by 1 − cost per excess search: 1 or more would zero
 /// or flip a correct answer's reward.
 #[test]
 fn an_excess_search_cost_outside_zero_to_one_is_refused() {
-    let output = validate_learn(&["stages.reward.excess_search_cost=1"]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("stages.reward.excess_search_cost: 1 is outside [0, 1)"), "{text}");
-    let output = validate_learn(&["stages.reward.excess_search_cost=0.1"]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    learn_refuses(&["stages.reward.excess_search_cost=1"], "stages.reward.excess_search_cost: 1 is outside [0, 1)");
+    learn_accepts(&["stages.reward.excess_search_cost=0.1"]);
 }
 
 /// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.
 #[test]
 fn guided_groups_without_guidance_is_refused() {
-    let output = validate_learn(&["stages.solve.guided_groups=all"]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("stages.solve.guided_groups: `all` chooses the groups `guidance` helps"), "{text}");
-    let output = validate_learn(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    learn_refuses(
+        &["stages.solve.guided_groups=all"],
+        "stages.solve.guided_groups: `all` chooses the groups `guidance` helps",
+    );
+    learn_accepts(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
 }
 
 /// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
@@ -622,20 +623,16 @@ fn guided_groups_without_guidance_is_refused() {
 #[test]
 fn min_substitutes_without_fallback_questions_is_refused() {
     let two = "stages.verify.min_substitutes=2";
-    let output = validate_learn(&[two, "stages.verify.fallback_questions=null"]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(text.contains("stages.verify.min_substitutes: draws from `fallback_questions`"), "{text}");
-    // Only `invalid: reuse` replaces proposals with questions; a dummy would ignore the key.
-    let output = validate_learn(&[two, "stages.verify.invalid=dummy"]);
-    let text = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{text}");
-    assert!(
-        text.contains("stages.verify.min_substitutes: replaces invalid proposals only with `invalid: reuse`"),
-        "{text}"
+    learn_refuses(
+        &[two, "stages.verify.fallback_questions=null"],
+        "stages.verify.min_substitutes: draws from `fallback_questions`",
     );
-    let output = validate_learn(&[two]);
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    // Only `invalid: reuse` replaces proposals with questions; a dummy would ignore the key.
+    learn_refuses(
+        &[two, "stages.verify.invalid=dummy"],
+        "stages.verify.min_substitutes: replaces invalid proposals only with `invalid: reuse`",
+    );
+    learn_accepts(&[two]);
 }
 
 #[test]

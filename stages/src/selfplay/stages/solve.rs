@@ -337,11 +337,17 @@ impl Stage for Solve {
             let mut guided = Vec::new();
             for (k, &i) in asked.iter().enumerate() {
                 let group = &rollouts[k * self.config.n_rollouts..(k + 1) * self.config.n_rollouts];
-                let golds = [targets[i].to_string()];
-                let failed = group.iter().all(|r| {
-                    solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None) == 0.0
-                });
-                if !failed && self.config.guided_groups == GuidedGroups::Failed {
+                let guide = match self.config.guided_groups {
+                    GuidedGroups::All => true,
+                    GuidedGroups::Failed => {
+                        let golds = [targets[i].to_string()];
+                        group.iter().all(|r| {
+                            solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None)
+                                == 0.0
+                        })
+                    }
+                };
+                if !guide {
                     continue;
                 }
                 let help = match self.config.guidance {
