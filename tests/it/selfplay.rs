@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, Float64Array, ListArray, RecordBatch, StringArray, UInt64Array};
+use arrow_array::{Array, Float64Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use sesa_engine::{ArtifactStore, Progress, ProgressMode, Run, RunOutcome, StopRequest, load_pipeline, read_table};
 use sesa_models::policy::ScriptedPolicy;
 use sesa_stages::agent::{PROPOSER_PROMPT, PromptTemplate, SOLVER_PROMPT};
@@ -808,7 +808,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
         for i in 0..rollouts.num_rows() {
             let mask = masks.value(i);
-            let mask = mask.as_any().downcast_ref::<arrow_array::UInt32Array>().unwrap();
+            let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
             if !flags.value(i) {
                 assert!(hints[i].is_empty());
                 assert!(mask.iter().all(|m| m != Some(2)), "only a guided rollout has written tokens");
@@ -1053,6 +1053,49 @@ async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
         }
     }
     assert!(costed > 0, "some correct answer searched past its question's hop count");
+}
+
+/// `rewards.missteps` lists a solver rollout's turns that misjudged its question's depth: each
+/// search past the hop count, and an answer before it; `solver_misstep_rate` is the share of
+/// unguided rollouts with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count() {
+    let (_l, tables) = run_loop(&[]).await;
+    let (mut late, mut early) = (0, 0);
+    for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
+        let hops = question_hops(verifications);
+        let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
+        let items = unsigned(rollouts, "item");
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        let missteps = rewards.column_by_name("missteps").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let roles = strings(rewards, "role");
+        let mut misjudged = (0.0, 0.0);
+        for i in 0..rollouts.num_rows() {
+            let turns: Vec<u32> = missteps.value(i).as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec();
+            let made = searches.value_length(i) as u32;
+            let expected: Vec<u32> = match hops.get(&items[i]) {
+                Some(&h) => {
+                    let h = h as u32;
+                    (h..made).chain((answers.is_valid(i) && made < h).then_some(made)).collect()
+                }
+                None => Vec::new(),
+            };
+            assert_eq!(turns, expected, "step {step}, rollout {i}: {made} searches, hops {:?}", hops.get(&items[i]));
+            late += usize::from(turns.iter().any(|&t| t < made));
+            early += usize::from(turns.last().is_some_and(|&t| t == made));
+            if hops.contains_key(&items[i]) {
+                misjudged = (misjudged.0 + f64::from(!turns.is_empty()), misjudged.1 + 1.0);
+            }
+        }
+        assert!(
+            (rollouts.num_rows()..missteps.len()).all(|i| roles[i] == "proposer" && missteps.value_length(i) == 0),
+            "proposer rows have no missteps"
+        );
+        let rate = metric(&tables, "solver_misstep_rate").into_iter().find(|(s, _)| s == step).map(|(_, v)| v);
+        assert_eq!(rate, (misjudged.1 > 0.0).then(|| misjudged.0 / misjudged.1), "step {step}");
+    }
+    assert!(late > 0 && early > 0, "searches past the need ({late}) and answers before it ({early}) both occur");
 }
 
 /// `usage: counterfactual` answers the odd-numbered rollouts of a question shown skills without

@@ -608,6 +608,18 @@ fn an_excess_search_cost_outside_zero_to_one_is_refused() {
     learn_accepts(&["stages.reward.excess_search_cost=0.1"]);
 }
 
+/// `misstep_penalty` is subtracted from advantages: a negative one would reward missteps, and an
+/// external trainer, which gets one advantage per sequence, could not apply it.
+#[test]
+fn a_negative_misstep_penalty_or_one_with_an_external_trainer_is_refused() {
+    learn_refuses(&["stages.update.misstep_penalty=-1"], "stages.update.misstep_penalty: must be a number ≥ 0, got -1");
+    learn_refuses(
+        &["stages.update.misstep_penalty=1", "stages.update.external={command: [sh], dir: ext}"],
+        "stages.update.misstep_penalty: an external trainer gets one advantage per sequence",
+    );
+    learn_accepts(&["stages.update.misstep_penalty=1"]);
+}
+
 /// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.
 #[test]
 fn guided_groups_without_guidance_is_refused() {

@@ -140,6 +140,22 @@ pub fn excess_search_factor(cost: f64, searches: usize, hops: Option<u64>) -> f6
     (1.0 - cost).powi(i32::try_from(excess).unwrap_or(i32::MAX))
 }
 
+/// The turns of a solver rollout that misjudged its question's depth: a search once the
+/// question's `hops` searches were made, or an answer before them. Turn `j` is the one written
+/// after `j` search results. None where the hop count is unknown; the last turn of a rollout
+/// that ended without an answer or a search (a format error, a budget) is judged by nothing.
+pub fn missteps(searches: usize, answered: bool, hops: Option<u64>) -> Vec<u32> {
+    let Some(hops) = hops else {
+        return Vec::new();
+    };
+    let searches = searches as u64;
+    let mut turns: Vec<u32> = (hops..searches).map(|turn| turn as u32).collect();
+    if answered && searches < hops {
+        turns.push(searches as u32);
+    }
+    turns
+}
+
 /// How the proposer is rewarded for a question whose solver success rate is p̂.
 #[derive(Debug, Clone, Copy, PartialEq, JsonSchema)]
 #[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]

@@ -18,7 +18,7 @@ use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_tab
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
-use crate::selfplay::rules::{FrontierReward, ProposerReward, excess_search_factor, solver_reward};
+use crate::selfplay::rules::{FrontierReward, ProposerReward, excess_search_factor, missteps, solver_reward};
 use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `reward`.
@@ -64,6 +64,8 @@ struct RewardRow {
     rollout: u64,
     reward: f64,
     p_hat: Option<f64>,
+    /// A solver rollout's turns that misjudged its question's depth ([`missteps`]).
+    missteps: Vec<u32>,
 }
 
 fn rewards_batch(rows: &[RewardRow]) -> Result<RecordBatch, ArrowError> {
@@ -73,6 +75,7 @@ fn rewards_batch(rows: &[RewardRow]) -> Result<RecordBatch, ArrowError> {
         .u64("rollout", rows.iter().map(|r| r.rollout))
         .f64("reward", rows.iter().map(|r| r.reward))
         .opt_f64("p_hat", rows.iter().map(|r| r.p_hat))
+        .u32s("missteps", rows.iter().map(|r| r.missteps.as_slice()))
         .finish()
 }
 
@@ -207,6 +210,7 @@ impl Stage for Reward {
                 rollout: indices[i],
                 reward: rewards[i],
                 p_hat: p_hat.get(&items[i]).copied(),
+                missteps: missteps(searches[i].len(), answers[i].is_some(), question_hops.get(&items[i]).copied()),
             })
             .collect();
         let sources = verifications.str("source")?;
@@ -219,7 +223,7 @@ impl Stage for Reward {
             proposed.extend(p.map(|p| (requested[i], p)));
             let reward = p.map_or(self.config.format_penalty, |p| self.config.proposer.reward(p));
             proposer_rewards.push((requested[i], reward));
-            rows.push(RewardRow { role: "proposer", item, rollout: 0, reward, p_hat: p });
+            rows.push(RewardRow { role: "proposer", item, rollout: 0, reward, p_hat: p, missteps: Vec::new() });
         }
 
         let mut skills = skills_batch(0, &[])?;
@@ -257,6 +261,11 @@ impl Stage for Reward {
             .filter(|&i| !guided[i])
             .map(|i| (question_hops.get(&items[i]).copied(), f64::from(rewards[i] > 0.0)))
             .collect();
+        // The share of unguided rollouts that misjudged their question's depth somewhere.
+        let misjudged: Vec<(u64, f64)> = (0..rollouts.rows())
+            .filter(|&i| !guided[i])
+            .filter_map(|i| question_hops.get(&items[i]).map(|&h| (h, f64::from(!rows[i].missteps.is_empty()))))
+            .collect();
         let guided_rows: Vec<usize> = (0..rollouts.rows()).filter(|&i| guided[i]).collect();
         let mut metrics: Vec<(String, f64)> = vec![
             ("solver_success".into(), mean(solved.iter().map(|(_, s)| *s))),
@@ -269,6 +278,10 @@ impl Stage for Reward {
             metrics.push(("guided_success".into(), mean(guided_rows.iter().map(|&i| f64::from(rewards[i] > 0.0)))));
         }
         metrics.extend(per_hops("solver_success", solved.iter().filter_map(|(h, s)| h.map(|h| (h, *s)))));
+        if !misjudged.is_empty() {
+            metrics.push(("solver_misstep_rate".into(), mean(misjudged.iter().map(|(_, m)| *m))));
+        }
+        metrics.extend(per_hops("solver_misstep_rate", misjudged.iter().copied()));
         metrics.extend(per_hops("p_hat", proposed.iter().copied()));
         metrics.extend(per_hops("proposer_reward", proposer_rewards.iter().copied()));
         metrics.push(("generation_ms".into(), generation_ms));

@@ -33,6 +33,8 @@ pub(super) struct Sample {
     /// Guided: sampled with a hint the trained prompt lacks (`logprobs` are the hinted policy's),
     /// or opened with a written plan (`loss_mask` [`WRITTEN`]).
     pub guided: bool,
+    /// The turns that misjudged the question's depth (solver rollouts; see `rewards.missteps`).
+    pub missteps: Vec<u32>,
 }
 
 /// `loss_mask` of a token written rather than sampled: trained on, with no sampling
@@ -75,6 +77,27 @@ impl Sample {
     pub fn guided_at(&self, sequence: &TrainSequence) -> Option<Vec<Option<f32>>> {
         (self.guided && self.exact)
             .then(|| self.scored(sequence).map(|(mask, logprob)| (mask != WRITTEN).then_some(logprob)).collect())
+    }
+
+    /// Whether each scored position of [`Self::sequence`] lies in a misstep turn. Turn `j` is
+    /// the generated text after the `j`-th retrieved block (`loss_mask` 0).
+    pub fn misstep_at(&self, sequence: &TrainSequence) -> Vec<bool> {
+        let offset = self.prompt_ids.len();
+        let mut turns = Vec::with_capacity(self.loss_mask.len());
+        let (mut turn, mut retrieved) = (0u32, false);
+        for &mask in &self.loss_mask {
+            if mask == 0 {
+                retrieved = true;
+            } else if retrieved {
+                (turn, retrieved) = (turn + 1, false);
+            }
+            turns.push(turn);
+        }
+        sequence
+            .positions()
+            .into_iter()
+            .map(|p| turns.get(p - offset).is_some_and(|turn| self.missteps.contains(turn)))
+            .collect()
     }
 
     /// The serving log-probabilities of the trained prompt at the scored positions: those it was
@@ -132,6 +155,7 @@ pub(super) fn read_samples(
             exact: exact[i],
             policy_version: versions[i],
             guided: false,
+            missteps: Vec::new(),
         })
         .collect())
 }
@@ -141,8 +165,9 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
-/// whose rewards are all equal left out when `skip_silent`.
-pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBatch, StageError> {
+/// whose rewards are all equal left out when `skip_silent`, unless `missteps_teach` and one of
+/// their rollouts misjudged its question's depth.
+pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, missteps_teach: bool) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
     let (items, guided) = {
         let reader = Reader::new("rollouts", rollouts);
@@ -150,17 +175,21 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool) -> Result<RoleBat
     };
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
-    let (roles, values) = (reader.str("role")?, reader.f64("reward")?);
+    let (roles, values, missteps) = (reader.str("role")?, reader.f64("reward")?, reader.u32s("missteps")?);
     // `rewards` lists the solver's rows first, in rollout order.
     let solver_rewards: Vec<f64> =
         roles.iter().zip(&values).filter(|(r, _)| **r == "solver").map(|(_, v)| *v).collect();
     if solver_rewards.len() != items.len() {
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
     }
-    let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
+    let (advantages, groups, mut silent) = group_advantages(&solver_rewards, &items);
     let mut samples = samples("rollouts", rollouts, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
+        sample.missteps.clone_from(&missteps[i]);
+        if missteps_teach && !sample.missteps.is_empty() {
+            silent.remove(&sample.group);
+        }
     }
     let groups_without_signal = silent.len();
     if skip_silent {

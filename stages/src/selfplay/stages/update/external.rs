@@ -454,6 +454,7 @@ pub fn train_with_sesa(
         proposer_baseline_per_hops: false,
         skip_groups_without_signal: false,
         written_weight: 1.0,
+        misstep_penalty: 0.0,
         keep_every: None,
         external: None,
     };

@@ -88,7 +88,8 @@ pub(super) fn update_role(
     // Trajectories without token ids (an inexact backend) cannot be trained in process.
     let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
         batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
-    if samples.iter().all(|s| s.advantage == 0.0) {
+    let penalty = config.misstep_penalty;
+    if samples.iter().all(|s| s.advantage == 0.0 && (penalty == 0.0 || s.missteps.is_empty())) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
@@ -100,6 +101,7 @@ pub(super) fn update_role(
     // A plan's written tokens have no sampling probability: they are trained as written, at
     // `written_weight`.
     let guided: Vec<Option<Vec<Option<f32>>>> = samples.iter().zip(&sequences).map(|(s, q)| s.guided_at(q)).collect();
+    let misstep: Vec<Vec<bool>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
     let clock = Instant::now();
@@ -156,7 +158,7 @@ pub(super) fn update_role(
                     let derivative = (0..current.len())
                         .map(|t| {
                             let r = reference.as_ref().map(|r| r[i][t]);
-                            let advantage = samples[i].advantage
+                            let advantage = (samples[i].advantage - if misstep[i][t] { penalty } else { 0.0 })
                                 * token_weight(old[t], guided[i].as_deref(), t, config.written_weight);
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
@@ -341,6 +343,7 @@ mod tests {
                     exact: true,
                     policy_version: 0,
                     guided: false,
+                    missteps: Vec::new(),
                 }
             })
             .collect();
@@ -362,6 +365,7 @@ mod tests {
             proposer_baseline_per_hops: false,
             skip_groups_without_signal: false,
             written_weight: 1.0,
+            misstep_penalty: 0.0,
             keep_every: None,
             external: None,
         }
@@ -416,6 +420,30 @@ mod tests {
         assert!((pg(1.0) + 1.0).abs() < 1e-9, "{}", pg(1.0));
         assert!((pg(0.0) + 3.0 / 7.0).abs() < 1e-9, "only the sampled tokens: {}", pg(0.0));
         assert!((pg(0.5) + 5.0 / 7.0).abs() < 1e-9, "{}", pg(0.5));
+    }
+
+    #[test]
+    fn a_misstep_turns_tokens_are_trained_at_the_advantage_less_the_penalty() {
+        // Three generated tokens, a retrieved block of two, two more generated (turn 1, the
+        // misstep), and a lone retrieved token between turn 1 and turn 2.
+        let mut batch = batch(&[0.0]);
+        let sample = &mut batch.samples[0];
+        (sample.loss_mask, sample.missteps) = (vec![1, 1, 0, 0, 1, 0, 1], vec![1]);
+        let sequence = sample.sequence().unwrap();
+        assert_eq!(sample.misstep_at(&sequence), [false, false, true, false]);
+        let pg = |misstep_penalty| {
+            let config = UpdateConfig { misstep_penalty, ..config(1, None) };
+            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            let mut state = state();
+            let before = state.trainer.model.weights.clone();
+            let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
+            (rows[0].pg_loss, state.trainer.model.weights != before)
+        };
+        // A zero advantage trains nothing, unless the misstep's penalty gives it one: at ratio 1
+        // each token's surrogate is minus its advantage, averaged over the four scored tokens.
+        assert_eq!(pg(0.0), (0.0, false));
+        let (loss, moved) = pg(2.0);
+        assert!((loss - 2.0 / 4.0).abs() < 1e-9 && moved, "{loss}");
     }
 
     #[test]

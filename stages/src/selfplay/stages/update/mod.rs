@@ -85,6 +85,14 @@ pub struct UpdateConfig {
     /// training only.
     #[serde(default = "crate::selfplay::rules::one")]
     pub written_weight: f64,
+    /// Subtracted from the advantage of every token of a solver turn that misjudged its
+    /// question's depth (`rewards.missteps`: a search once the question's hops were searched,
+    /// or an answer before them): turn-level credit for the decision to search again or to
+    /// answer, which a rollout's one reward leaves to chance. 0 (the default) turns it off;
+    /// groups whose rewards are all equal keep their missteps' signal then. In-process
+    /// training only.
+    #[serde(default)]
+    pub misstep_penalty: f64,
     /// Checkpoints kept: the latest and those of steps that are multiples of this; every one
     /// by default.
     #[serde(default)]
@@ -228,7 +236,19 @@ impl Stage for Update {
                 format!("must be in [0, 1], got {}", config.written_weight),
             ));
         }
+        if !(config.misstep_penalty >= 0.0 && config.misstep_penalty.is_finite()) {
+            problems.push(ConfigProblem::new(
+                "misstep_penalty",
+                format!("must be a number ≥ 0, got {} (0 turns it off)", config.misstep_penalty),
+            ));
+        }
         if let Some(external) = &config.external {
+            if config.misstep_penalty != 0.0 {
+                problems.push(ConfigProblem::new(
+                    "misstep_penalty",
+                    "an external trainer gets one advantage per sequence: remove the key, or read `rewards.missteps` there",
+                ));
+            }
             if config.written_weight != 1.0 {
                 problems.push(ConfigProblem::new(
                     "written_weight",
@@ -366,7 +386,11 @@ impl Update {
             })?);
         }
         if self.trains("solver") {
-            batches.push(solver_batch(inputs, self.config.skip_groups_without_signal)?);
+            batches.push(solver_batch(
+                inputs,
+                self.config.skip_groups_without_signal,
+                self.config.misstep_penalty > 0.0,
+            )?);
         }
         Ok(batches)
     }
