@@ -1056,8 +1056,8 @@ async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
 }
 
 /// `rewards.missteps` lists a solver rollout's turns that misjudged its question's depth: each
-/// search past the hop count, and an answer before it; `solver_misstep_rate` is the share of
-/// unguided rollouts with one.
+/// search past the hop count (one the turn limit left unrun included), and an answer before
+/// it; `solver_misstep_rate` is the share of rollouts with one (this loop guides none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count() {
     let (_l, tables) = run_loop(&[]).await;
@@ -1066,7 +1066,7 @@ async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count(
         let hops = question_hops(verifications);
         let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
         let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
-        let items = unsigned(rollouts, "item");
+        let (items, outcomes) = (unsigned(rollouts, "item"), strings(rollouts, "outcome"));
         let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
         let missteps = rewards.column_by_name("missteps").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
         let roles = strings(rewards, "role");
@@ -1077,7 +1077,9 @@ async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count(
             let expected: Vec<u32> = match hops.get(&items[i]) {
                 Some(&h) => {
                     let h = h as u32;
-                    (h..made).chain((answers.is_valid(i) && made < h).then_some(made)).collect()
+                    let early = answers.is_valid(i) && made < h;
+                    let unrun_past = outcomes[i] == "turn_limit" && made >= h;
+                    (h..made).chain((early || unrun_past).then_some(made)).collect()
                 }
                 None => Vec::new(),
             };

@@ -140,17 +140,33 @@ pub fn excess_search_factor(cost: f64, searches: usize, hops: Option<u64>) -> f6
     (1.0 - cost).powi(i32::try_from(excess).unwrap_or(i32::MAX))
 }
 
+/// What a rollout's last turn did, beyond the searches that ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastTurn {
+    /// It answered.
+    Answered,
+    /// It asked for one more search, which the turn limit left unrun.
+    Searched,
+    /// Neither: a format error, or a token or context budget ran out.
+    Undecided,
+}
+
 /// The turns of a solver rollout that misjudged its question's depth: a search once the
 /// question's `hops` searches were made, or an answer before them. Turn `j` is the one written
-/// after `j` search results. None where the hop count is unknown; the last turn of a rollout
-/// that ended without an answer or a search (a format error, a budget) is judged by nothing.
-pub fn missteps(searches: usize, answered: bool, hops: Option<u64>) -> Vec<u32> {
+/// after `j` search results; `searches` counts the searches that ran. Empty where the hop count
+/// is unknown.
+pub fn missteps(searches: usize, last: LastTurn, hops: Option<u64>) -> Vec<u32> {
     let Some(hops) = hops else {
         return Vec::new();
     };
     let searches = searches as u64;
     let mut turns: Vec<u32> = (hops..searches).map(|turn| turn as u32).collect();
-    if answered && searches < hops {
+    let misjudged = match last {
+        LastTurn::Answered => searches < hops,
+        LastTurn::Searched => searches >= hops,
+        LastTurn::Undecided => false,
+    };
+    if misjudged {
         turns.push(searches as u32);
     }
     turns

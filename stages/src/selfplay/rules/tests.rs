@@ -55,13 +55,16 @@ fn only_searches_past_the_hop_count_cost_reward() {
 
 #[test]
 fn missteps_are_searches_past_the_hop_count_and_answers_before_it() {
-    assert_eq!(missteps(2, true, Some(2)), [0u32; 0], "two searches, then the answer");
-    assert_eq!(missteps(4, true, Some(1)), [1, 2, 3], "every search after the first");
-    assert_eq!(missteps(1, true, Some(3)), [1], "the answer after one of three searches");
-    assert_eq!(missteps(0, true, Some(1)), [0], "an answer without searching");
-    assert_eq!(missteps(1, false, Some(3)), [0u32; 0], "no answer: the last turn decided nothing");
-    assert_eq!(missteps(3, false, Some(2)), [2], "the third search, though no answer came");
-    assert_eq!(missteps(5, true, None), [0u32; 0], "no hop count, nothing to judge by");
+    use LastTurn::{Answered, Searched, Undecided};
+    assert_eq!(missteps(2, Answered, Some(2)), [0u32; 0], "two searches, then the answer");
+    assert_eq!(missteps(4, Answered, Some(1)), [1, 2, 3], "every search after the first");
+    assert_eq!(missteps(1, Answered, Some(3)), [1], "the answer after one of three searches");
+    assert_eq!(missteps(0, Answered, Some(1)), [0], "an answer without searching");
+    assert_eq!(missteps(1, Undecided, Some(3)), [0u32; 0], "a format error decided nothing");
+    assert_eq!(missteps(3, Undecided, Some(2)), [2], "the third search, though no answer came");
+    assert_eq!(missteps(2, Searched, Some(2)), [2], "a third search the turn limit left unrun");
+    assert_eq!(missteps(1, Searched, Some(3)), [0u32; 0], "a second search of three, unrun");
+    assert_eq!(missteps(5, Answered, None), [0u32; 0], "no hop count, nothing to judge by");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use super::{elapsed_ms, mean, metrics_batch, metrics_table, per_hops, skills_tab
 use crate::data::metrics::exact_match;
 use crate::memory::{QuestionUsage, skills_batch};
 use crate::selfplay::resources::{SelfPlay, SkillMemory, Templates};
-use crate::selfplay::rules::{FrontierReward, ProposerReward, excess_search_factor, missteps, solver_reward};
+use crate::selfplay::rules::{FrontierReward, LastTurn, ProposerReward, excess_search_factor, missteps, solver_reward};
 use sesa_engine::columns::{Columns, Reader, schema_of};
 
 /// The config of `reward`.
@@ -176,6 +176,12 @@ impl Stage for Reward {
             .filter_map(|(&item, hops)| hops.map(|h| (item, h)))
             .collect();
         let searches = rollouts.strs("searches")?;
+        let outcomes = rollouts.str("outcome")?;
+        let last_turn = |i: usize| match (answers[i], outcomes[i]) {
+            (Some(_), _) => LastTurn::Answered,
+            (None, "turn_limit") => LastTurn::Searched,
+            (None, _) => LastTurn::Undecided,
+        };
         let rewards: Vec<f64> = (0..rollouts.rows())
             .map(|i| {
                 let hops = question_hops.get(&items[i]).copied();
@@ -210,7 +216,7 @@ impl Stage for Reward {
                 rollout: indices[i],
                 reward: rewards[i],
                 p_hat: p_hat.get(&items[i]).copied(),
-                missteps: missteps(searches[i].len(), answers[i].is_some(), question_hops.get(&items[i]).copied()),
+                missteps: missteps(searches[i].len(), last_turn(i), question_hops.get(&items[i]).copied()),
             })
             .collect();
         let sources = verifications.str("source")?;
@@ -261,7 +267,7 @@ impl Stage for Reward {
             .filter(|&i| !guided[i])
             .map(|i| (question_hops.get(&items[i]).copied(), f64::from(rewards[i] > 0.0)))
             .collect();
-        // The share of unguided rollouts that misjudged their question's depth somewhere.
+        // The share of unguided rollouts of questions with a hop count that misjudged it somewhere.
         let misjudged: Vec<(u64, f64)> = (0..rollouts.rows())
             .filter(|&i| !guided[i])
             .filter_map(|i| question_hops.get(&items[i]).map(|&h| (h, f64::from(!rows[i].missteps.is_empty()))))

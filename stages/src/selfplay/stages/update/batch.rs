@@ -79,8 +79,9 @@ impl Sample {
             .then(|| self.scored(sequence).map(|(mask, logprob)| (mask != WRITTEN).then_some(logprob)).collect())
     }
 
-    /// Whether each scored position of [`Self::sequence`] lies in a misstep turn. Turn `j` is
-    /// the generated text after the `j`-th retrieved block (`loss_mask` 0).
+    /// Whether each scored position of [`Self::sequence`] is a sampled token of a misstep turn
+    /// (written tokens are guidance's, not the solver's decision). Turn `j` is the text after
+    /// the `j`-th retrieved block (`loss_mask` 0).
     pub fn misstep_at(&self, sequence: &TrainSequence) -> Vec<bool> {
         let offset = self.prompt_ids.len();
         let mut turns = Vec::with_capacity(self.loss_mask.len());
@@ -91,12 +92,12 @@ impl Sample {
             } else if retrieved {
                 (turn, retrieved) = (turn + 1, false);
             }
-            turns.push(turn);
+            turns.push((mask == 1).then_some(turn));
         }
         sequence
             .positions()
             .into_iter()
-            .map(|p| turns.get(p - offset).is_some_and(|turn| self.missteps.contains(turn)))
+            .map(|p| turns.get(p - offset).copied().flatten().is_some_and(|turn| self.missteps.contains(&turn)))
             .collect()
     }
 
@@ -165,9 +166,13 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
-/// whose rewards are all equal left out when `skip_silent`, unless `missteps_teach` and one of
-/// their rollouts misjudged its question's depth.
-pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, missteps_teach: bool) -> Result<RoleBatch, StageError> {
+/// whose rewards are all equal left out when `skip_silent`, unless `keep_misstep_groups` and one
+/// of their rollouts misjudged its question's depth.
+pub(super) fn solver_batch(
+    inputs: &Tables,
+    skip_silent: bool,
+    keep_misstep_groups: bool,
+) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
     let (items, guided) = {
         let reader = Reader::new("rollouts", rollouts);
@@ -177,23 +182,28 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, missteps_teach: b
     let reader = Reader::new("rewards", rewards);
     let (roles, values, missteps) = (reader.str("role")?, reader.f64("reward")?, reader.u32s("missteps")?);
     // `rewards` lists the solver's rows first, in rollout order.
-    let solver_rewards: Vec<f64> =
-        roles.iter().zip(&values).filter(|(r, _)| **r == "solver").map(|(_, v)| *v).collect();
+    let (solver_rewards, missteps): (Vec<f64>, Vec<Vec<u32>>) = roles
+        .iter()
+        .zip(values.into_iter().zip(missteps))
+        .filter(|(role, _)| **role == "solver")
+        .map(|(_, row)| row)
+        .unzip();
     if solver_rewards.len() != items.len() {
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
     }
-    let (advantages, groups, mut silent) = group_advantages(&solver_rewards, &items);
+    let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
     let mut samples = samples("rollouts", rollouts, &items)?;
+    let mut skipped = silent.clone();
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
         sample.missteps.clone_from(&missteps[i]);
-        if missteps_teach && !sample.missteps.is_empty() {
-            silent.remove(&sample.group);
+        if keep_misstep_groups && !sample.missteps.is_empty() {
+            skipped.remove(&sample.group);
         }
     }
     let groups_without_signal = silent.len();
     if skip_silent {
-        samples.retain(|s| !silent.contains(&s.group));
+        samples.retain(|s| !skipped.contains(&s.group));
     }
     Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal })
 }

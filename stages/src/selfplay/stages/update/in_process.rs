@@ -424,13 +424,17 @@ mod tests {
 
     #[test]
     fn a_misstep_turns_tokens_are_trained_at_the_advantage_less_the_penalty() {
-        // Three generated tokens, a retrieved block of two, two more generated (turn 1, the
-        // misstep), and a lone retrieved token between turn 1 and turn 2.
+        // Turn 0 (two generated tokens), a retrieved block of two, turn 1 (the misstep: one
+        // generated token), one retrieved token, and turn 2 (one generated token).
         let mut batch = batch(&[0.0]);
         let sample = &mut batch.samples[0];
         (sample.loss_mask, sample.missteps) = (vec![1, 1, 0, 0, 1, 0, 1], vec![1]);
         let sequence = sample.sequence().unwrap();
         assert_eq!(sample.misstep_at(&sequence), [false, false, true, false]);
+        // A token guidance wrote into a misstep turn is not the solver's decision.
+        let mut written = sample.clone();
+        written.loss_mask = vec![1, 1, 0, 0, 2, 0, 1];
+        assert_eq!(written.misstep_at(&written.sequence().unwrap()), [false, false, false, false]);
         let pg = |misstep_penalty| {
             let config = UpdateConfig { misstep_penalty, ..config(1, None) };
             let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
