@@ -250,7 +250,7 @@ def depth_plot(path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 3, figsize=(16, 8))
+    figure, axes = plt.subplots(2, 4, figsize=(21, 8))
     lines = ["-", "--", ":", "-."]
     colours = {1: "tab:blue", 2: "tab:orange", 3: "tab:red", 4: "tab:purple"}
     labels = args.labels.split(",") if args.labels else [r.rstrip("/").split("/")[-1] for r in args.runs]
@@ -279,6 +279,8 @@ def depth_plot(path):
                  label=f"{label}: {hops} hops")
             draw(axes[0][2], series_of(run, "reward", f"solver_success_h{hops}"), linestyle=line, color=colours[hops],
                  label=f"{label}: {hops} hops")
+            draw(axes[0][3], series_of(run, "reward", f"solver_misstep_rate_h{hops}"), linestyle=line,
+                 color=colours[hops], label=f"{label}: {hops} hops")
         for source, colour in [("proposed", "tab:green"), ("reused", "tab:olive"), ("substitute", "tab:gray"),
                                ("dummy", "black")]:
             draw(axes[1][0], series_of(run, "verify", f"source_{source}"), linestyle=line, color=colour,
@@ -291,11 +293,15 @@ def depth_plot(path):
         draw(axes[1][2], series_of(run, "reward", "guided_success"), linestyle=line, color="tab:red",
              label=f"{label}: guided rollouts' success")
     titles = [["searches behind accepted questions, by hops asked", "p̂ of proposed questions, by hops",
-               "solver success (unguided rollouts), by hops"],
+               "solver success (unguided rollouts), by hops",
+               "rollouts with a misstep (unguided), by hops"],
               ["share of the solver's questions, by source", "solver searches per question, by hops",
-               "proposals valid and verified"]]
+               "proposals valid and verified", None]]
     for row, names in zip(axes, titles):
         for axis, title in zip(row, names):
+            if title is None:
+                axis.set_visible(False)
+                continue
             axis.set_title(title, fontsize=10)
             axis.set_xlabel("step")
             axis.grid(alpha=0.3)
