@@ -79,10 +79,16 @@ impl Sample {
             .then(|| self.scored(sequence).map(|(mask, logprob)| (mask != WRITTEN).then_some(logprob)).collect())
     }
 
-    /// Whether each scored position of [`Self::sequence`] is a sampled token of a misstep turn
-    /// (written tokens are guidance's, not the solver's decision). Turn `j` is the text after
-    /// the `j`-th retrieved block (`loss_mask` 0).
+    /// Whether each scored position of [`Self::sequence`] is a sampled token of a turn up to
+    /// and including the rollout's last misstep: the decision to take a hop too many or too few
+    /// is often written before the turn that carries it out (the opening thought's plan, "I
+    /// need the city of X, then the country of it."), and given that plan the misstep turn
+    /// itself is near-certain. Written tokens are guidance's, not the solver's. Turn `j` is the
+    /// text after the `j`-th retrieved block (`loss_mask` 0).
     pub fn misstep_at(&self, sequence: &TrainSequence) -> Vec<bool> {
+        let Some(&last) = self.missteps.iter().max() else {
+            return vec![false; sequence.positions().len()];
+        };
         let offset = self.prompt_ids.len();
         let mut turns = Vec::with_capacity(self.loss_mask.len());
         let (mut turn, mut retrieved) = (0u32, false);
@@ -97,7 +103,7 @@ impl Sample {
         sequence
             .positions()
             .into_iter()
-            .map(|p| turns.get(p - offset).copied().flatten().is_some_and(|turn| self.missteps.contains(&turn)))
+            .map(|p| turns.get(p - offset).copied().flatten().is_some_and(|turn| turn <= last))
             .collect()
     }
 

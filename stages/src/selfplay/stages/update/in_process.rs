@@ -423,18 +423,22 @@ mod tests {
     }
 
     #[test]
-    fn a_misstep_turns_tokens_are_trained_at_the_advantage_less_the_penalty() {
+    fn tokens_up_to_the_last_misstep_are_trained_at_the_advantage_less_the_penalty() {
         // Turn 0 (two generated tokens), a retrieved block of two, turn 1 (the misstep: one
-        // generated token), one retrieved token, and turn 2 (one generated token).
+        // generated token), one retrieved token, and turn 2 (one generated token, the answer
+        // that came after the misstep: no part of it).
         let mut batch = batch(&[0.0]);
         let sample = &mut batch.samples[0];
         (sample.loss_mask, sample.missteps) = (vec![1, 1, 0, 0, 1, 0, 1], vec![1]);
         let sequence = sample.sequence().unwrap();
-        assert_eq!(sample.misstep_at(&sequence), [false, false, true, false]);
-        // A token guidance wrote into a misstep turn is not the solver's decision.
+        assert_eq!(sample.misstep_at(&sequence), [true, true, true, false]);
+        // A token guidance wrote is not the solver's decision; without missteps, none is.
         let mut written = sample.clone();
-        written.loss_mask = vec![1, 1, 0, 0, 2, 0, 1];
-        assert_eq!(written.misstep_at(&written.sequence().unwrap()), [false, false, false, false]);
+        written.loss_mask = vec![2, 1, 0, 0, 2, 0, 1];
+        assert_eq!(written.misstep_at(&written.sequence().unwrap()), [false, true, false, false]);
+        let mut none = sample.clone();
+        none.missteps.clear();
+        assert_eq!(none.misstep_at(&sequence), [false; 4]);
         let pg = |misstep_penalty| {
             let config = UpdateConfig { misstep_penalty, ..config(1, None) };
             let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
@@ -447,7 +451,7 @@ mod tests {
         // each token's surrogate is minus its advantage, averaged over the four scored tokens.
         assert_eq!(pg(0.0), (0.0, false));
         let (loss, moved) = pg(2.0);
-        assert!((loss - 2.0 / 4.0).abs() < 1e-9 && moved, "{loss}");
+        assert!((loss - 3.0 * 2.0 / 4.0).abs() < 1e-9 && moved, "{loss}");
     }
 
     #[test]

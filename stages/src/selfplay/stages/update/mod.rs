@@ -85,12 +85,14 @@ pub struct UpdateConfig {
     /// training only.
     #[serde(default = "crate::selfplay::rules::one")]
     pub written_weight: f64,
-    /// Subtracted from the advantage of every sampled token of a solver turn that misjudged
-    /// its question's depth (`rewards.missteps`: a search once the question's hops were
-    /// searched, or an answer before them): turn-level credit for the decision to search again
-    /// or to answer, which a rollout's one reward does not single out. 0 (the default) turns it
-    /// off; above 0, groups whose rewards are all equal are trained when they hold a misstep,
-    /// even with `skip_groups_without_signal`. In-process training only.
+    /// Subtracted from the advantage of every sampled token of a solver rollout up to and
+    /// including its last turn that misjudged the question's depth (`rewards.missteps`: a
+    /// search once the question's hops were searched, or an answer before them; the turns
+    /// before it because the decision is often written there, in the opening plan): credit for
+    /// the decision to search again or to answer, which a rollout's one reward does not single
+    /// out. 0 (the default) turns it off; above 0, groups whose rewards are all equal are
+    /// trained when they hold a misstep, even with `skip_groups_without_signal`. In-process
+    /// training only.
     #[serde(default)]
     pub misstep_penalty: f64,
     /// Checkpoints kept: the latest and those of steps that are multiples of this; every one
