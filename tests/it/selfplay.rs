@@ -249,6 +249,11 @@ async fn run_loop_interrupted(
     (Loop { _dir: dir, run_dir, contexts }, tables)
 }
 
+/// A list column of `batch`.
+fn lists<'a>(batch: &'a RecordBatch, name: &str) -> &'a ListArray {
+    batch.column_by_name(name).unwrap().as_any().downcast_ref::<ListArray>().unwrap()
+}
+
 fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
     strings_of(batch.column_by_name(name).unwrap().as_any().downcast_ref::<StringArray>().unwrap())
 }
@@ -273,6 +278,16 @@ fn question_hops(verifications: &RecordBatch) -> BTreeMap<u64, u64> {
         .zip(verifications.column_by_name("hops").unwrap().as_any().downcast_ref::<UInt64Array>().unwrap())
         .filter_map(|(item, h)| h.map(|h| (item, h)))
         .collect()
+}
+
+/// Per step: its number, `rollouts`, the hop count of each question that has one, and `rewards`.
+fn solver_steps(
+    tables: &BTreeMap<String, Vec<(u64, RecordBatch)>>,
+) -> impl Iterator<Item = (u64, &RecordBatch, BTreeMap<u64, u64>, &RecordBatch)> {
+    tables["rollouts"].iter().zip(&tables["verifications"]).map(|((step, rollouts), (_, verifications))| {
+        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
+        (*step, rollouts, question_hops(verifications), rewards)
+    })
 }
 
 fn metric(tables: &BTreeMap<String, Vec<(u64, RecordBatch)>>, name: &str) -> Vec<(u64, f64)> {
@@ -356,7 +371,7 @@ async fn the_full_loop_keeps_its_invariants() {
     // though reused or dummy questions retrieved skills too.
     let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == 1).unwrap().1;
     let (sources, items) = (strings(rollouts, "source"), unsigned(rollouts, "item"));
-    let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+    let skill_ids = lists(rollouts, "skill_ids");
     let mut shown: BTreeMap<(bool, u64), usize> = BTreeMap::new();
     for i in 0..items.len() {
         shown.insert((sources[i] == "proposed", items[i]), skill_ids.value_length(i) as usize);
@@ -609,7 +624,7 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
         .collect();
     let mut substitutes = 0;
     for (_, batch) in &tables["verifications"] {
-        let paths = batch.column_by_name("path").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let paths = lists(batch, "path");
         for (i, (source, question)) in
             strings(batch, "source").iter().zip(strings(batch, "solver_question")).enumerate()
         {
@@ -681,7 +696,7 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     assert!(failures.iter().map(|b| b.num_rows()).sum::<usize>() > 0, "no failure beyond the frontier was collected");
     for batch in failures {
         assert!(floats(batch, "p_hat").iter().all(|p| *p == Some(0.0)));
-        let solved = batch.column_by_name("solved_searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let solved = lists(batch, "solved_searches");
         assert!((0..batch.num_rows()).all(|i| solved.value_length(i) > 0), "each has its guided success's searches");
     }
     let mut guided = 0;
@@ -795,7 +810,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     for (step, rollouts) in &tables["rollouts"] {
         let flags =
             rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
-        let masks = rollouts.column_by_name("loss_mask").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let masks = lists(rollouts, "loss_mask");
         let (items, indices, turns) =
             (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), unsigned(rollouts, "turns"));
         let (questions, prompts, hints, responses) = (
@@ -870,7 +885,7 @@ async fn evaluation_runs_with_memory_on_and_off() {
         let mode = strings(batch, "mode");
         let banks = batch.column_by_name("bank_version").unwrap();
         let banks = banks.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
-        let shown = batch.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let shown = lists(batch, "skill_ids");
         let shown: Vec<i32> = (0..batch.num_rows()).map(|i| shown.value_length(i)).collect();
         match mode[0].as_str() {
             "memory_on" => {
@@ -1033,12 +1048,10 @@ async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
         "reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}, excess_search_cost: 0.5}";
     let (_l, tables) = run_loop(&[(reward, costly)]).await;
     let mut costed = 0;
-    for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
-        let hops = question_hops(verifications);
-        let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+    for (step, rollouts, hops, rewards) in solver_steps(&tables) {
+        let searches = lists(rollouts, "searches");
         let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
         let (items, targets) = (unsigned(rollouts, "item"), strings(rollouts, "target"));
-        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
         let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
         for i in 0..rollouts.num_rows() {
             let correct = answers.is_valid(i) && answers.value(i) == targets[i];
@@ -1062,13 +1075,11 @@ async fn searches_past_a_questions_hop_count_cost_a_correct_answer() {
 async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count() {
     let (_l, tables) = run_loop(&[]).await;
     let (mut late, mut early) = (0, 0);
-    for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
-        let hops = question_hops(verifications);
-        let searches = rollouts.column_by_name("searches").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+    for (step, rollouts, hops, rewards) in solver_steps(&tables) {
+        let searches = lists(rollouts, "searches");
         let answers = rollouts.column_by_name("answer").unwrap().as_any().downcast_ref::<StringArray>().unwrap();
         let (items, outcomes) = (unsigned(rollouts, "item"), strings(rollouts, "outcome"));
-        let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
-        let missteps = rewards.column_by_name("missteps").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let missteps = lists(rewards, "missteps");
         let roles = strings(rewards, "role");
         let mut misjudged = (0.0, 0.0);
         for i in 0..rollouts.num_rows() {
@@ -1094,7 +1105,7 @@ async fn missteps_are_the_turns_that_search_past_or_answer_before_the_hop_count(
             (rollouts.num_rows()..missteps.len()).all(|i| roles[i] == "proposer" && missteps.value_length(i) == 0),
             "proposer rows have no missteps"
         );
-        let rate = metric(&tables, "solver_misstep_rate").into_iter().find(|(s, _)| s == step).map(|(_, v)| v);
+        let rate = metric(&tables, "solver_misstep_rate").into_iter().find(|(s, _)| *s == step).map(|(_, v)| v);
         assert_eq!(rate, (misjudged.1 > 0.0).then(|| misjudged.0 / misjudged.1), "step {step}");
     }
     assert!(late > 0 && early > 0, "searches past the need ({late}) and answers before it ({early}) both occur");
@@ -1123,7 +1134,7 @@ async fn counterfactual_usage_credits_the_difference_a_skill_makes() {
         let rollouts = &tables["rollouts"].iter().find(|(s, _)| *s == step).unwrap().1;
         let (items, indices, sources) =
             (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), strings(rollouts, "source"));
-        let skill_ids = rollouts.column_by_name("skill_ids").unwrap().as_any().downcast_ref::<ListArray>().unwrap();
+        let skill_ids = lists(rollouts, "skill_ids");
         let shown = |i: usize| strings_of(skill_ids.value(i).as_any().downcast_ref::<StringArray>().unwrap());
         let rewards = &tables["rewards"].iter().find(|(s, _)| *s == step).unwrap().1;
         let reward: BTreeMap<(u64, u64), f64> = strings(rewards, "role")
