@@ -33,8 +33,9 @@ pub(super) struct Sample {
     /// Guided: sampled with a hint the trained prompt lacks (`logprobs` are the hinted policy's),
     /// or opened with a written plan (`loss_mask` [`WRITTEN`]).
     pub guided: bool,
-    /// The turns that misjudged the question's depth (solver rollouts; see `rewards.missteps`).
-    pub missteps: Vec<u32>,
+    /// The last turn that misjudged the question's depth (`rewards.missteps`), filled only when
+    /// the update credits missteps (`misstep_penalty` above 0).
+    pub last_misstep: Option<u32>,
 }
 
 /// `loss_mask` of a token written rather than sampled: trained on, with no sampling
@@ -85,10 +86,9 @@ impl Sample {
     /// need the city of X, then the country of it."), and given that plan the misstep turn
     /// itself is near-certain. Written tokens are guidance's, not the solver's. Turn `j` is the
     /// text after the `j`-th retrieved block (`loss_mask` 0).
-    pub fn misstep_at(&self, sequence: &TrainSequence) -> Vec<bool> {
-        let Some(&last) = self.missteps.iter().max() else {
-            return vec![false; sequence.positions().len()];
-        };
+    /// `None` without a misstep.
+    pub fn misstep_at(&self, sequence: &TrainSequence) -> Option<Vec<bool>> {
+        let last = self.last_misstep?;
         let offset = self.prompt_ids.len();
         let mut turns = Vec::with_capacity(self.loss_mask.len());
         let (mut turn, mut retrieved) = (0u32, false);
@@ -100,11 +100,13 @@ impl Sample {
             }
             turns.push((mask == 1).then_some(turn));
         }
-        sequence
-            .positions()
-            .into_iter()
-            .map(|p| turns.get(p - offset).copied().flatten().is_some_and(|turn| turn <= last))
-            .collect()
+        Some(
+            sequence
+                .positions()
+                .into_iter()
+                .map(|p| turns.get(p - offset).copied().flatten().is_some_and(|turn| turn <= last))
+                .collect(),
+        )
     }
 
     /// The serving log-probabilities of the trained prompt at the scored positions: those it was
@@ -162,7 +164,7 @@ pub(super) fn read_samples(
             exact: exact[i],
             policy_version: versions[i],
             guided: false,
-            missteps: Vec::new(),
+            last_misstep: None,
         })
         .collect())
 }
@@ -172,13 +174,9 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
-/// whose rewards are all equal left out when `skip_silent`, unless `keep_misstep_groups` and one
-/// of their rollouts misjudged its question's depth.
-pub(super) fn solver_batch(
-    inputs: &Tables,
-    skip_silent: bool,
-    keep_misstep_groups: bool,
-) -> Result<RoleBatch, StageError> {
+/// whose rewards are all equal left out when `skip_silent`. With `credit_missteps`, each
+/// rollout carries its last misstep, and a group with one is kept.
+pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, credit_missteps: bool) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
     let (items, guided) = {
         let reader = Reader::new("rollouts", rollouts);
@@ -186,13 +184,15 @@ pub(super) fn solver_batch(
     };
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
-    let (roles, values, missteps) = (reader.str("role")?, reader.f64("reward")?, reader.u32s("missteps")?);
+    let (roles, values) = (reader.str("role")?, reader.f64("reward")?);
+    // Missteps matter to the update only where it credits them.
+    let missteps = if credit_missteps { reader.u32s("missteps")? } else { vec![Vec::new(); roles.len()] };
     // `rewards` lists the solver's rows first, in rollout order.
-    let (solver_rewards, missteps): (Vec<f64>, Vec<Vec<u32>>) = roles
+    let (solver_rewards, last_missteps): (Vec<f64>, Vec<Option<u32>>) = roles
         .iter()
         .zip(values.into_iter().zip(missteps))
         .filter(|(role, _)| **role == "solver")
-        .map(|(_, row)| row)
+        .map(|(_, (reward, turns))| (reward, turns.into_iter().max()))
         .unzip();
     if solver_rewards.len() != items.len() {
         return Err(failed("update", format!("{} solver rewards for {} rollouts", solver_rewards.len(), items.len())));
@@ -202,8 +202,8 @@ pub(super) fn solver_batch(
     let mut skipped = silent.clone();
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
-        sample.missteps.clone_from(&missteps[i]);
-        if keep_misstep_groups && !sample.missteps.is_empty() {
+        sample.last_misstep = last_missteps[i];
+        if sample.last_misstep.is_some() {
             skipped.remove(&sample.group);
         }
     }

@@ -88,8 +88,7 @@ pub(super) fn update_role(
     // Trajectories without token ids (an inexact backend) cannot be trained in process.
     let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
         batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
-    let penalty = config.misstep_penalty;
-    if samples.iter().all(|s| s.advantage == 0.0 && (penalty == 0.0 || s.missteps.is_empty())) {
+    if samples.iter().all(|s| s.advantage == 0.0 && s.last_misstep.is_none()) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
@@ -101,7 +100,7 @@ pub(super) fn update_role(
     // A plan's written tokens have no sampling probability: they are trained as written, at
     // `written_weight`.
     let guided: Vec<Option<Vec<Option<f32>>>> = samples.iter().zip(&sequences).map(|(s, q)| s.guided_at(q)).collect();
-    let misstep: Vec<Vec<bool>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
+    let misstep: Vec<Option<Vec<bool>>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
     let clock = Instant::now();
@@ -158,7 +157,9 @@ pub(super) fn update_role(
                     let derivative = (0..current.len())
                         .map(|t| {
                             let r = reference.as_ref().map(|r| r[i][t]);
-                            let advantage = (samples[i].advantage - if misstep[i][t] { penalty } else { 0.0 })
+                            let penalty =
+                                if misstep[i].as_ref().is_some_and(|m| m[t]) { config.misstep_penalty } else { 0.0 };
+                            let advantage = (samples[i].advantage - penalty)
                                 * token_weight(old[t], guided[i].as_deref(), t, config.written_weight);
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
@@ -343,7 +344,7 @@ mod tests {
                     exact: true,
                     policy_version: 0,
                     guided: false,
-                    missteps: Vec::new(),
+                    last_misstep: None,
                 }
             })
             .collect();
@@ -429,22 +430,28 @@ mod tests {
         // that came after the misstep: no part of it).
         let mut batch = batch(&[0.0]);
         let sample = &mut batch.samples[0];
-        (sample.loss_mask, sample.missteps) = (vec![1, 1, 0, 0, 1, 0, 1], vec![1]);
+        (sample.loss_mask, sample.last_misstep) = (vec![1, 1, 0, 0, 1, 0, 1], Some(1));
         let sequence = sample.sequence().unwrap();
-        assert_eq!(sample.misstep_at(&sequence), [true, true, true, false]);
+        assert_eq!(sample.misstep_at(&sequence).unwrap(), [true, true, true, false]);
         // A token guidance wrote is not the solver's decision; without missteps, none is.
         let mut written = sample.clone();
         written.loss_mask = vec![2, 1, 0, 0, 2, 0, 1];
-        assert_eq!(written.misstep_at(&written.sequence().unwrap()), [false, true, false, false]);
+        assert_eq!(written.misstep_at(&written.sequence().unwrap()).unwrap(), [false, true, false, false]);
         let mut none = sample.clone();
-        none.missteps.clear();
-        assert_eq!(none.misstep_at(&sequence), [false; 4]);
-        let pg = |misstep_penalty| {
+        none.last_misstep = None;
+        assert_eq!(none.misstep_at(&sequence), None);
+        let pg = |misstep_penalty: f64| {
             let config = UpdateConfig { misstep_penalty, ..config(1, None) };
             let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            // `solver_batch` gives a rollout its misstep only where the penalty credits it.
+            let mut samples = batch.samples.clone();
+            if misstep_penalty == 0.0 {
+                samples[0].last_misstep = None;
+            }
+            let credited = RoleBatch { samples, rewards: vec![0.0], ..self::batch(&[]) };
             let mut state = state();
             let before = state.trainer.model.weights.clone();
-            let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
+            let rows = update_role(&mut state, &credited, &plan, &mut Timings::default()).unwrap();
             (rows[0].pg_loss, state.trainer.model.weights != before)
         };
         // A zero advantage trains nothing, unless the misstep's penalty gives it one: at ratio 1
