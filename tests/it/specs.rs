@@ -620,6 +620,18 @@ fn a_negative_misstep_penalty_or_one_with_an_external_trainer_is_refused() {
     learn_accepts(&["stages.update.misstep_penalty=1"]);
 }
 
+/// `written_sft` is added to written tokens' advantages: a negative one would push down the
+/// true chain's plan, and an external trainer weights written tokens itself.
+#[test]
+fn a_negative_written_sft_or_one_with_an_external_trainer_is_refused() {
+    learn_refuses(&["stages.update.written_sft=-0.5"], "stages.update.written_sft: must be a number ≥ 0, got -0.5");
+    learn_refuses(
+        &["stages.update.written_sft=1", "stages.update.external={command: [sh], dir: ext}"],
+        "stages.update.written_sft: an external trainer weights written tokens itself",
+    );
+    learn_accepts(&["stages.update.written_sft=1"]);
+}
+
 /// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.
 #[test]
 fn guided_groups_without_guidance_is_refused() {

@@ -1,7 +1,7 @@
 //! What a role learns from: its trajectories of the step with their rewards and advantages,
 //! read from the loop's tables (`rollouts` or `proposals`, and `rewards`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use arrow_array::RecordBatch;
 use sesa_engine::{StageError, Tables};
@@ -43,6 +43,11 @@ pub(super) struct Sample {
 const WRITTEN: u32 = 2;
 
 impl Sample {
+    /// Whether guidance wrote any of its tokens (a plan, a step to the next hop).
+    pub fn has_written(&self) -> bool {
+        self.loss_mask.contains(&WRITTEN)
+    }
+
     /// Whether the policy gave its token ids (in-process training needs them).
     pub fn has_ids(&self) -> bool {
         !self.prompt_ids.is_empty() && !self.response_ids.is_empty()
@@ -174,9 +179,15 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
-/// whose rewards are all equal left out when `skip_silent`. With `credit_missteps`, each
-/// rollout carries its last misstep, and a group with one is kept.
-pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, credit_missteps: bool) -> Result<RoleBatch, StageError> {
+/// whose rewards are all equal left out when `skip_silent`, unless a rollout of theirs carries
+/// credit of its own. With `credit_missteps`, each rollout carries its last misstep; with
+/// `credit_written`, written tokens are trained whatever the rewards.
+pub(super) fn solver_batch(
+    inputs: &Tables,
+    skip_silent: bool,
+    credit_missteps: bool,
+    credit_written: bool,
+) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
     let (items, guided) = {
         let reader = Reader::new("rollouts", rollouts);
@@ -199,19 +210,27 @@ pub(super) fn solver_batch(inputs: &Tables, skip_silent: bool, credit_missteps: 
     }
     let (advantages, groups, silent) = group_advantages(&solver_rewards, &items);
     let mut samples = samples("rollouts", rollouts, &items)?;
-    let mut skipped = silent.clone();
     for (i, sample) in samples.iter_mut().enumerate() {
         (sample.reward, sample.advantage, sample.guided) = (solver_rewards[i], advantages[i], guided[i]);
         sample.last_misstep = last_missteps[i];
-        if sample.last_misstep.is_some() {
-            skipped.remove(&sample.group);
-        }
     }
     let groups_without_signal = silent.len();
     if skip_silent {
-        samples.retain(|s| !skipped.contains(&s.group));
+        retain_signal(&mut samples, silent, credit_written);
     }
     Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal })
+}
+
+/// Leaves out the samples of `silent` groups (rewards all equal, advantages all 0) but those
+/// of a group where a sample carries credit of its own: a misstep (a sample has one only where
+/// missteps are credited), or written tokens where `credit_written`.
+fn retain_signal(samples: &mut Vec<Sample>, mut silent: BTreeSet<u64>, credit_written: bool) {
+    for sample in samples.iter() {
+        if sample.last_misstep.is_some() || (credit_written && sample.has_written()) {
+            silent.remove(&sample.group);
+        }
+    }
+    samples.retain(|s| !silent.contains(&s.group));
 }
 
 /// The proposer's batch: every proposal with its reward minus the baseline (REINFORCE), which
@@ -265,9 +284,49 @@ fn hop_advantages(rewards: &[f64], hops: &[u64]) -> Vec<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn sample(group: u64, loss_mask: Vec<u32>, last_misstep: Option<u32>) -> Sample {
+        Sample {
+            group,
+            reward: 1.0,
+            advantage: 0.0,
+            prompt: String::new(),
+            response: String::new(),
+            prompt_ids: vec![1],
+            response_ids: vec![2; loss_mask.len()],
+            logprobs: vec![0.0; loss_mask.len()],
+            loss_mask,
+            exact: true,
+            policy_version: 0,
+            guided: false,
+            last_misstep,
+        }
+    }
+
+    /// Groups 1–4 are silent: 1 plain, 2 with a misstep, 3 with a written plan, 4 with both;
+    /// group 5 has signal and stays whatever its rollouts hold.
+    #[test]
+    fn silent_groups_are_left_out_unless_a_rollout_carries_credit_of_its_own() {
+        let samples = vec![
+            sample(1, vec![1, 1], None),
+            sample(2, vec![1, 1], Some(0)),
+            sample(3, vec![2, 1], None),
+            sample(4, vec![2, 1], Some(0)),
+            sample(5, vec![1, 1], None),
+        ];
+        let kept = |credit_written| {
+            let mut samples = samples.clone();
+            retain_signal(&mut samples, BTreeSet::from([1, 2, 3, 4]), credit_written);
+            samples.iter().map(|s| s.group).collect::<Vec<_>>()
+        };
+        assert_eq!(kept(false), [2, 4, 5]);
+        assert_eq!(kept(true), [2, 3, 4, 5]);
+    }
+
     #[test]
     fn a_proposals_per_hops_baseline_is_the_mean_of_its_hop_count() {
-        let advantages = super::hop_advantages(&[1.0, -1.0, 0.5, -1.0, -1.0], &[2, 2, 4, 4, 4]);
+        let advantages = hop_advantages(&[1.0, -1.0, 0.5, -1.0, -1.0], &[2, 2, 4, 4, 4]);
         assert_eq!(advantages, [1.0, -1.0, 1.0, -0.5, -0.5]);
     }
 }

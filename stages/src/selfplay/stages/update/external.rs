@@ -455,6 +455,7 @@ pub fn train_with_sesa(
         skip_groups_without_signal: false,
         written_weight: 1.0,
         misstep_penalty: 0.0,
+        written_sft: 0.0,
         keep_every: None,
         external: None,
     };

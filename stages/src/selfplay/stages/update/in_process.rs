@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sesa_engine::{Stage, StageContext, StageError, Tables};
 
-use super::batch::{RoleBatch, lack_token_ids};
+use super::batch::{RoleBatch, Sample, lack_token_ids};
 use super::{Outcome, Update, UpdateConfig, UpdateRow};
 use crate::agent::Role;
 use crate::selfplay::SelfPlay;
@@ -58,14 +58,22 @@ pub(super) struct Plan<'a> {
     pub total_lr_steps: u64,
 }
 
-/// The weight of token `t`'s advantage. For a guided rollout (`guided`: its sampling
-/// log-probabilities, `None` where a token was written): a sampled token's truncated importance
-/// weight, min(1, exp(trained − sampled)), and `written` for a written one; 1 for any other.
-fn token_weight(trained: f32, guided: Option<&[Option<f32>]>, t: usize, written: f64) -> f64 {
+/// Token `t`'s advantage, from its rollout's `advantage` (less any misstep penalty). For a
+/// guided rollout (`guided`: its sampling log-probabilities, `None` where a token was written):
+/// a sampled token's is weighted by its truncated importance weight, min(1, exp(trained −
+/// sampled)); a written one's by `written_weight`, plus `written_sft` whatever the reward.
+/// Any other token's is the rollout's.
+fn token_advantage(
+    advantage: f64,
+    trained: f32,
+    guided: Option<&[Option<f32>]>,
+    t: usize,
+    config: &UpdateConfig,
+) -> f64 {
     match guided.map(|g| g.get(t).copied().flatten()) {
-        Some(Some(sampled)) => f64::from(trained - sampled).exp().min(1.0),
-        Some(None) => written,
-        None => 1.0,
+        Some(Some(sampled)) => advantage * f64::from(trained - sampled).exp().min(1.0),
+        Some(None) => advantage * config.written_weight + config.written_sft,
+        None => advantage,
     }
 }
 
@@ -88,7 +96,8 @@ pub(super) fn update_role(
     // Trajectories without token ids (an inexact backend) cannot be trained in process.
     let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
         batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
-    if samples.iter().all(|s| s.advantage == 0.0 && s.last_misstep.is_none()) {
+    let credited = |s: &&Sample| s.last_misstep.is_some() || (config.written_sft > 0.0 && s.has_written());
+    if samples.iter().all(|s| s.advantage == 0.0 && !credited(s)) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
@@ -159,8 +168,8 @@ pub(super) fn update_role(
                             let r = reference.as_ref().map(|r| r[i][t]);
                             let penalty =
                                 if misstep[i].as_ref().is_some_and(|m| m[t]) { config.misstep_penalty } else { 0.0 };
-                            let advantage = (samples[i].advantage - penalty)
-                                * token_weight(old[t], guided[i].as_deref(), t, config.written_weight);
+                            let advantage =
+                                token_advantage(samples[i].advantage - penalty, old[t], guided[i].as_deref(), t, config);
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
                             pg += terms.policy * weight;
@@ -304,14 +313,18 @@ mod tests {
     #[test]
     fn a_guided_token_is_weighted_by_the_truncated_ratio_of_the_trained_prompt_to_the_hinted() {
         let hinted = [Some(-0.1f32), Some(-2.0), None];
+        let at = |written_weight, written_sft| UpdateConfig { written_weight, written_sft, ..config(1, None) };
+        let (plain, quarter, sft) = (at(1.0, 0.0), at(0.25, 0.0), at(0.25, 0.5));
         // The hint made the first token likelier than the bare prompt does: weight e^(−1.1).
-        assert!((token_weight(-1.2, Some(&hinted), 0, 1.0) - (-1.1f64).exp()).abs() < 1e-6);
+        assert!((token_advantage(2.0, -1.2, Some(&hinted), 0, &plain) - 2.0 * (-1.1f64).exp()).abs() < 1e-6);
         // The bare prompt makes the second likelier still: the weight is truncated at 1.
-        assert_eq!(token_weight(-0.5, Some(&hinted), 1, 1.0), 1.0);
-        assert_eq!(token_weight(-9.0, Some(&hinted), 2, 1.0), 1.0, "a written token is trained as written");
-        assert_eq!(token_weight(-9.0, Some(&hinted), 2, 0.25), 0.25, "at the written weight");
-        assert_eq!(token_weight(-0.5, Some(&hinted), 1, 0.25), 1.0, "a sampled token is not");
-        assert_eq!(token_weight(-3.0, None, 0, 0.25), 1.0, "an unguided rollout is on-policy");
+        assert_eq!(token_advantage(2.0, -0.5, Some(&hinted), 1, &plain), 2.0);
+        assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &plain), 2.0, "a written token is trained as written");
+        assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &quarter), 0.5, "at the written weight");
+        assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &sft), 1.0, "plus the written sft");
+        assert_eq!(token_advantage(-2.0, -9.0, Some(&hinted), 2, &sft), 0.0, "whatever the reward");
+        assert_eq!(token_advantage(2.0, -0.5, Some(&hinted), 1, &sft), 2.0, "a sampled token is not");
+        assert_eq!(token_advantage(2.0, -3.0, None, 0, &sft), 2.0, "an unguided rollout is on-policy");
     }
 
     fn state() -> TrainState {
@@ -367,6 +380,7 @@ mod tests {
             skip_groups_without_signal: false,
             written_weight: 1.0,
             misstep_penalty: 0.0,
+            written_sft: 0.0,
             keep_every: None,
             external: None,
         }
@@ -421,6 +435,28 @@ mod tests {
         assert!((pg(1.0) + 1.0).abs() < 1e-9, "{}", pg(1.0));
         assert!((pg(0.0) + 3.0 / 7.0).abs() < 1e-9, "only the sampled tokens: {}", pg(0.0));
         assert!((pg(0.5) + 5.0 / 7.0).abs() < 1e-9, "{}", pg(0.5));
+    }
+
+    #[test]
+    fn written_tokens_are_trained_at_the_written_sft_whatever_the_reward() {
+        // A guided rollout of a group whose rewards were all equal (advantage 0): four written
+        // tokens, three sampled.
+        let mut batch = batch(&[0.0]);
+        let sample = &mut batch.samples[0];
+        (sample.guided, sample.loss_mask, sample.logprobs) = (true, vec![2, 2, 2, 2, 1, 1, 1], vec![-100.0; 7]);
+        let pg = |written_sft| {
+            let config = UpdateConfig { written_sft, ..config(1, None) };
+            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            let mut state = state();
+            let before = state.trainer.model.weights.clone();
+            let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
+            (rows[0].pg_loss, state.trainer.model.weights != before)
+        };
+        assert_eq!(pg(0.0), (0.0, false));
+        // At ratio 1 each token's surrogate is minus its advantage, averaged over seven: only
+        // the four written tokens have one.
+        let (loss, moved) = pg(0.5);
+        assert!((loss + 4.0 * 0.5 / 7.0).abs() < 1e-9 && moved, "{loss}");
     }
 
     #[test]

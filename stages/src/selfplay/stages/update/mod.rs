@@ -95,6 +95,16 @@ pub struct UpdateConfig {
     /// training only.
     #[serde(default)]
     pub misstep_penalty: f64,
+    /// Added to the advantage of every written token (a plan guidance wrote from the question's
+    /// true chain), whatever the rollout's reward: the written tokens trained as a
+    /// demonstration at this weight in every guided group, so the plan's choice of how many
+    /// hops is taught where a group's rewards are all equal too (a one-hop group that all
+    /// solved carries no GRPO signal, while a deep group's successful plans carry a large one).
+    /// 0 (the default) turns it off; above 0, groups whose rewards are all equal are trained
+    /// when they hold a written token, even with `skip_groups_without_signal`. In-process
+    /// training only.
+    #[serde(default)]
+    pub written_sft: f64,
     /// Checkpoints kept: the latest and those of steps that are multiples of this; every one
     /// by default.
     #[serde(default)]
@@ -244,7 +254,19 @@ impl Stage for Update {
                 format!("must be a number ≥ 0, got {} (0 turns it off)", config.misstep_penalty),
             ));
         }
+        if !(config.written_sft >= 0.0 && config.written_sft.is_finite()) {
+            problems.push(ConfigProblem::new(
+                "written_sft",
+                format!("must be a number ≥ 0, got {} (0 turns it off)", config.written_sft),
+            ));
+        }
         if let Some(external) = &config.external {
+            if config.written_sft != 0.0 {
+                problems.push(ConfigProblem::new(
+                    "written_sft",
+                    "an external trainer weights written tokens itself (their `loss_mask` is 2): remove the key",
+                ));
+            }
             if config.misstep_penalty != 0.0 {
                 problems.push(ConfigProblem::new(
                     "misstep_penalty",
@@ -392,6 +414,7 @@ impl Update {
                 inputs,
                 self.config.skip_groups_without_signal,
                 self.config.misstep_penalty > 0.0,
+                self.config.written_sft > 0.0,
             )?);
         }
         Ok(batches)
