@@ -168,8 +168,13 @@ pub(super) fn update_role(
                             let r = reference.as_ref().map(|r| r[i][t]);
                             let penalty =
                                 if misstep[i].as_ref().is_some_and(|m| m[t]) { config.misstep_penalty } else { 0.0 };
-                            let advantage =
-                                token_advantage(samples[i].advantage - penalty, old[t], guided[i].as_deref(), t, config);
+                            let advantage = token_advantage(
+                                samples[i].advantage - penalty,
+                                old[t],
+                                guided[i].as_deref(),
+                                t,
+                                config,
+                            );
                             let terms = config.loss.token(current[t], old[t], r, advantage);
                             value += terms.loss * weight;
                             pg += terms.policy * weight;
