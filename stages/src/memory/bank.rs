@@ -30,6 +30,21 @@ pub enum UsageRule {
     Counterfactual,
 }
 
+/// What makes a candidate a duplicate of a skill already in the bank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupBy {
+    /// Their embeddings' cosine is above `dedup_threshold` (the paper's way): a judge's
+    /// paraphrases of one strategy merge.
+    #[default]
+    Embedding,
+    /// The same trigger and the same query template, exactly. For skills that are built rather
+    /// than written (`distiller: rules`): one template's skill is always the same text, and
+    /// two templates' skills differ only in relation words, which MiniLM places above 0.86,
+    /// so by embedding every second deep template would be rejected as a duplicate.
+    Template,
+}
+
 impl UsageRule {
     /// Whether a solver question of this `source` (`proposed`, `reused`, `substitute`, `dummy`)
     /// judges the skills it was shown. By outcome (`rollouts`, `majority`), only the proposer's
@@ -52,7 +67,10 @@ impl UsageRule {
 pub struct BankConfig {
     /// Skills at most.
     pub capacity: usize,
-    /// A candidate whose cosine to some skill exceeds this is a duplicate.
+    /// What makes a candidate a duplicate.
+    pub dedup_by: DedupBy,
+    /// Under [`DedupBy::Embedding`], a candidate whose cosine to some skill exceeds this is a
+    /// duplicate.
     pub dedup_threshold: f32,
     /// Retrievals before a skill can be evicted for doing harm.
     pub evict_min_retrievals: u64,
@@ -216,27 +234,18 @@ impl SkillBank {
         self.top_k(vector, 1).into_iter().next()
     }
 
-    /// Admits a candidate unless it duplicates a skill (cosine above the threshold). At
-    /// capacity, the lowest-utility non-seed skill makes room; seed skills are never evicted.
+    /// Admits a candidate unless it duplicates a skill (see [`DedupBy`]). At capacity, the
+    /// lowest-utility non-seed skill makes room; seed skills are never evicted.
     pub fn admit(&mut self, id: String, text: SkillText, mut meta: SkillMeta, vector: Vec<f32>) -> Vec<SkillEvent> {
         let event = |kind, reason: String| SkillEvent::new(kind, id.clone(), text.description.clone(), reason);
         if self.skills.iter().any(|s| s.id == id) {
             return vec![event(SkillEventKind::Rejected, format!("a skill with id `{id}` is already in the bank"))];
         }
-        if let Some((nearest, similarity)) = self.nearest(&vector)
-            && similarity > self.config.dedup_threshold
-        {
-            let nearest = nearest.id.clone();
+        if let Some((nearest, similarity, reason)) = self.duplicated(&text, &vector) {
             return vec![SkillEvent {
-                nearest: Some(nearest.clone()),
-                similarity: Some(similarity),
-                ..event(
-                    SkillEventKind::RejectedDuplicate,
-                    format!(
-                        "cosine {similarity:.3} to `{nearest}` is above the dedup threshold {}",
-                        self.config.dedup_threshold
-                    ),
-                )
+                nearest: Some(nearest),
+                similarity,
+                ..event(SkillEventKind::RejectedDuplicate, reason)
             }];
         }
         let mut events = Vec::new();
@@ -256,6 +265,30 @@ impl SkillBank {
         self.vectors.push(vector);
         self.dirty = true;
         events
+    }
+
+    /// The skill a candidate duplicates, with their cosine where that is the test, and why.
+    fn duplicated(&self, text: &SkillText, vector: &[f32]) -> Option<(String, Option<f32>, String)> {
+        match self.config.dedup_by {
+            DedupBy::Embedding => {
+                let (nearest, similarity) = self.nearest(vector)?;
+                (similarity > self.config.dedup_threshold).then(|| {
+                    let reason = format!(
+                        "cosine {similarity:.3} to `{}` is above the dedup threshold {}",
+                        nearest.id, self.config.dedup_threshold
+                    );
+                    (nearest.id.clone(), Some(similarity), reason)
+                })
+            }
+            DedupBy::Template => {
+                let same = self
+                    .skills
+                    .iter()
+                    .find(|s| s.text.trigger == text.trigger && s.text.query_template == text.query_template)?;
+                let reason = format!("`{}` has the same trigger and query template", same.id);
+                Some((same.id.clone(), None, reason))
+            }
+        }
     }
 
     /// The non-seed skill to evict at capacity: lowest helps − harms, then fewest retrievals,

@@ -14,7 +14,7 @@ mod sanitize;
 mod skill;
 mod tables;
 
-pub use self::bank::{BankConfig, QuestionUsage, SkillBank, SkillEvent, SkillEventKind, UsageRule};
+pub use self::bank::{BankConfig, DedupBy, QuestionUsage, SkillBank, SkillEvent, SkillEventKind, UsageRule};
 pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, parse_output, render_failures};
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
 pub use self::induce::{Induction, induce, induce_batch, question_pattern};

@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Section};
 
-use crate::memory::{BankConfig, CachedEmbedder, EmbedError, HashedWords, MiniLm, UsageRule};
+use crate::memory::{BankConfig, CachedEmbedder, DedupBy, EmbedError, HashedWords, MiniLm, UsageRule};
 use sesa_engine::deserialize_tagged;
 use sesa_models::cache;
 
@@ -62,6 +62,12 @@ pub struct MemorySection {
     /// 0.93 is for E5; 0.8 is measured for all-MiniLM-L6-v2 (README, "Skill memory").
     #[serde(default = "defaults::dedup_threshold")]
     pub dedup_threshold: f32,
+    /// What makes a candidate a duplicate: `embedding` (the default, the paper's way: cosine
+    /// above `dedup_threshold`) or `template` (the same trigger and query template, exactly: for
+    /// `distiller: rules`, whose templates differ only in relation words and so sit close
+    /// together in embedding space).
+    #[serde(default)]
+    pub dedup_by: DedupBy,
     /// Skills at most (paper: 800).
     #[serde(default = "defaults::capacity")]
     pub capacity: usize,
@@ -161,6 +167,7 @@ impl MemorySection {
     pub fn default_bank_config() -> BankConfig {
         BankConfig {
             capacity: defaults::capacity(),
+            dedup_by: DedupBy::default(),
             dedup_threshold: defaults::dedup_threshold(),
             evict_min_retrievals: defaults::evict_min_retrievals(),
             usage: UsageRule::default(),
@@ -171,6 +178,7 @@ impl MemorySection {
     pub fn bank_config(&self) -> BankConfig {
         BankConfig {
             capacity: self.capacity,
+            dedup_by: self.dedup_by,
             dedup_threshold: self.dedup_threshold,
             evict_min_retrievals: self.evict_min_retrievals,
             usage: self.usage,

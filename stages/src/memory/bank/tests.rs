@@ -1,7 +1,13 @@
 use super::*;
 
 fn config() -> BankConfig {
-    BankConfig { capacity: 3, dedup_threshold: 0.8, evict_min_retrievals: 3, usage: UsageRule::Rollouts }
+    BankConfig {
+        capacity: 3,
+        dedup_by: DedupBy::Embedding,
+        dedup_threshold: 0.8,
+        evict_min_retrievals: 3,
+        usage: UsageRule::Rollouts,
+    }
 }
 
 fn text(description: &str) -> SkillText {
@@ -49,6 +55,33 @@ fn a_candidate_above_the_threshold_is_a_duplicate_with_its_nearest_skill() {
     let events = bank.admit("c".into(), text("c"), SkillMeta::default(), at(40.0));
     assert_eq!(events[0].kind, SkillEventKind::Added);
     assert_eq!(ids(&bank), ["a", "c"]);
+}
+
+/// Two rule-induced templates that differ in relation words only, at the cosine MiniLM gives
+/// them, and the same template induced again from other failures.
+#[test]
+fn by_template_a_duplicate_has_the_same_trigger_and_query_template() {
+    let mut bank = SkillBank::new(BankConfig { dedup_by: DedupBy::Template, ..config() });
+    let skill = |trigger: &str, template: &str| SkillText {
+        description: format!("Search one hop at a time: {template}"),
+        trigger: trigger.into(),
+        avoid: Vec::new(),
+        query_template: template.into(),
+    };
+    let employer = skill("Where is the employer of the spouse of <entity> headquartered?", "<entity> spouse employer");
+    let author = skill("Where was the author of <entity> born?", "<entity> author birthplace");
+    bank.admit("a".into(), employer.clone(), SkillMeta::default(), at(0.0));
+    let events = bank.admit("b".into(), author.clone(), SkillMeta::default(), at(25.0));
+    assert_eq!(events[0].kind, SkillEventKind::Added, "cosine 0.906, yet another template");
+    let again = SkillText { avoid: vec!["Answering with the spouse.".into()], ..employer.clone() };
+    let events = bank.admit("c".into(), again, SkillMeta::default(), at(60.0));
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, SkillEventKind::RejectedDuplicate);
+    assert_eq!((events[0].nearest.as_deref(), events[0].similarity), (Some("a"), None));
+    assert_eq!(events[0].reason, "`a` has the same trigger and query template");
+    let other_trigger = SkillText { trigger: "Who employs the spouse of <entity>?".into(), ..employer };
+    assert_eq!(bank.admit("d".into(), other_trigger, SkillMeta::default(), at(0.0))[0].kind, SkillEventKind::Added);
+    assert_eq!(ids(&bank), ["a", "b", "d"]);
 }
 
 #[test]
