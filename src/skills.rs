@@ -122,7 +122,7 @@ pub fn import(path: &Path) -> Result<u8> {
     );
     println!(
         "start a run from it with `--set stages.<priming stage>.skills={}` (usage counts are kept; \
-         skills too similar to an earlier one under the run's dedup threshold are rejected and logged)",
+         skills that duplicate an earlier one under the run's `memory.dedup_by` are rejected and logged)",
         path.display()
     );
     Ok(0)

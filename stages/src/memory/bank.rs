@@ -38,11 +38,12 @@ pub enum DedupBy {
     /// paraphrases of one strategy merge.
     #[default]
     Embedding,
-    /// The same trigger and the same query template, exactly. For skills that are built rather
-    /// than written (`distiller: rules`): one template's skill is always the same text, and
-    /// two templates' skills differ only in relation words, which MiniLM places above 0.86,
-    /// so by embedding every second deep template would be rejected as a duplicate.
-    Template,
+    /// The same trigger, exactly: one skill per question pattern. For skills that are built
+    /// rather than written (`distiller: rules`, whose trigger is the question with its entities
+    /// masked): two patterns' skills differ only in relation words, which MiniLM places above
+    /// 0.86, so by embedding every second deep pattern's skill would be rejected as a duplicate;
+    /// one pattern's skills differ at most in how the success happened to phrase its searches.
+    Trigger,
 }
 
 impl UsageRule {
@@ -280,12 +281,9 @@ impl SkillBank {
                     (nearest.id.clone(), Some(similarity), reason)
                 })
             }
-            DedupBy::Template => {
-                let same = self
-                    .skills
-                    .iter()
-                    .find(|s| s.text.trigger == text.trigger && s.text.query_template == text.query_template)?;
-                let reason = format!("`{}` has the same trigger and query template", same.id);
+            DedupBy::Trigger => {
+                let same = self.skills.iter().find(|s| s.text.trigger == text.trigger)?;
+                let reason = format!("`{}` has the same trigger", same.id);
                 Some((same.id.clone(), None, reason))
             }
         }

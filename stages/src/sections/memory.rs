@@ -58,14 +58,15 @@ pub struct MemorySection {
     /// The embedder.
     #[serde(default)]
     pub embedder: EmbedderConfig,
-    /// A candidate is a duplicate when its cosine to some skill is above this. The paper's
-    /// 0.93 is for E5; 0.8 is measured for all-MiniLM-L6-v2 (README, "Skill memory").
+    /// Under `dedup_by: embedding`, a candidate is a duplicate when its cosine to some skill is
+    /// above this. The paper's 0.93 is for E5; 0.8 is measured for all-MiniLM-L6-v2 (README,
+    /// "Skill memory").
     #[serde(default = "defaults::dedup_threshold")]
     pub dedup_threshold: f32,
     /// What makes a candidate a duplicate: `embedding` (the default, the paper's way: cosine
-    /// above `dedup_threshold`) or `template` (the same trigger and query template, exactly: for
-    /// `distiller: rules`, whose templates differ only in relation words and so sit close
-    /// together in embedding space).
+    /// above `dedup_threshold`) or `trigger` (the same trigger, exactly: one skill per question
+    /// pattern, for `distiller: rules`, whose patterns differ only in relation words and so sit
+    /// close together in embedding space).
     #[serde(default)]
     pub dedup_by: DedupBy,
     /// Skills at most (paper: 800).

@@ -1,5 +1,5 @@
 //! `priming`: loads the initial skill bank from a skill file (the 15 seed skills, or an export
-//! of an earlier run's bank), deduplicated under the run's threshold, as bank version 1.
+//! of an earlier run's bank), deduplicated under the run's `memory` rules, as bank version 1.
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -43,9 +43,10 @@ pub(super) struct Sample {
 const WRITTEN: u32 = 2;
 
 impl Sample {
-    /// Whether guidance wrote any of its tokens (a plan, a step to the next hop).
+    /// Whether guidance wrote any of its tokens (a plan, a step to the next hop) and the
+    /// update can tell which ([`Self::guided_at`] marks them).
     pub fn has_written(&self) -> bool {
-        self.loss_mask.contains(&WRITTEN)
+        self.guided && self.exact && self.loss_mask.contains(&WRITTEN)
     }
 
     /// Whether the policy gave its token ids (in-process training needs them).
@@ -287,6 +288,7 @@ mod tests {
     use super::*;
 
     fn sample(group: u64, loss_mask: Vec<u32>, last_misstep: Option<u32>) -> Sample {
+        let guided = loss_mask.contains(&WRITTEN);
         Sample {
             group,
             reward: 1.0,
@@ -299,7 +301,7 @@ mod tests {
             loss_mask,
             exact: true,
             policy_version: 0,
-            guided: false,
+            guided,
             last_misstep,
         }
     }

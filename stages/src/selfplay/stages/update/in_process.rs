@@ -327,7 +327,11 @@ mod tests {
         assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &plain), 2.0, "a written token is trained as written");
         assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &quarter), 0.5, "at the written weight");
         assert_eq!(token_advantage(2.0, -9.0, Some(&hinted), 2, &sft), 1.0, "plus the written sft");
-        assert_eq!(token_advantage(-2.0, -9.0, Some(&hinted), 2, &sft), 0.0, "whatever the reward");
+        assert_eq!(
+            token_advantage(-2.0, -9.0, Some(&hinted), 2, &sft),
+            0.0,
+            "added to the GRPO term, whatever its sign"
+        );
         assert_eq!(token_advantage(2.0, -0.5, Some(&hinted), 1, &sft), 2.0, "a sampled token is not");
         assert_eq!(token_advantage(2.0, -3.0, None, 0, &sft), 2.0, "an unguided rollout is on-policy");
     }
