@@ -428,44 +428,38 @@ mod tests {
         assert!(last[0].kl > 0.0, "the policy moved away from its reference");
     }
 
-    #[test]
-    fn written_tokens_are_trained_at_the_written_weight() {
-        // A guided rollout whose first four response tokens were written and the last three
-        // sampled (at a probability so low that their truncated weight is 1).
-        let mut batch = batch(&[1.0]);
-        let sample = &mut batch.samples[0];
-        (sample.guided, sample.loss_mask, sample.logprobs) = (true, vec![2, 2, 2, 2, 1, 1, 1], vec![-100.0; 7]);
-        let pg = |written_weight| {
-            let config = UpdateConfig { written_weight, ..config(1, None) };
-            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
-            update_role(&mut state(), &batch, &plan, &mut Timings::default()).unwrap()[0].pg_loss
-        };
-        // At ratio 1 each token's surrogate is its weighted advantage, averaged over seven.
-        assert!((pg(1.0) + 1.0).abs() < 1e-9, "{}", pg(1.0));
-        assert!((pg(0.0) + 3.0 / 7.0).abs() < 1e-9, "only the sampled tokens: {}", pg(0.0));
-        assert!((pg(0.5) + 5.0 / 7.0).abs() < 1e-9, "{}", pg(0.5));
+    /// One update of a fresh state on `batch` under `config`: its policy-gradient loss and
+    /// whether the weights moved.
+    fn train_once(batch: &RoleBatch, config: UpdateConfig) -> (f64, bool) {
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let mut state = state();
+        let before = state.trainer.model.weights.clone();
+        let rows = update_role(&mut state, batch, &plan, &mut Timings::default()).unwrap();
+        (rows[0].pg_loss, state.trainer.model.weights != before)
     }
 
+    /// At ratio 1 each token's surrogate is minus its advantage, averaged over the seven scored
+    /// tokens of a guided rollout whose first four response tokens were written and the last
+    /// three sampled (at a probability so low that their truncated weight is 1).
     #[test]
-    fn written_tokens_are_trained_at_the_written_sft_whatever_the_reward() {
-        // A guided rollout of a group whose rewards were all equal (advantage 0): four written
-        // tokens, three sampled.
-        let mut batch = batch(&[0.0]);
-        let sample = &mut batch.samples[0];
-        (sample.guided, sample.loss_mask, sample.logprobs) = (true, vec![2, 2, 2, 2, 1, 1, 1], vec![-100.0; 7]);
-        let pg = |written_sft| {
-            let config = UpdateConfig { written_sft, ..config(1, None) };
-            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
-            let mut state = state();
-            let before = state.trainer.model.weights.clone();
-            let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
-            (rows[0].pg_loss, state.trainer.model.weights != before)
+    fn written_tokens_are_trained_at_the_written_weight_plus_the_written_sft() {
+        let guided = |advantage| {
+            let mut batch = batch(&[advantage]);
+            let sample = &mut batch.samples[0];
+            (sample.guided, sample.loss_mask, sample.logprobs) = (true, vec![2, 2, 2, 2, 1, 1, 1], vec![-100.0; 7]);
+            batch
         };
-        assert_eq!(pg(0.0), (0.0, false));
-        // At ratio 1 each token's surrogate is minus its advantage, averaged over seven: only
-        // the four written tokens have one.
-        let (loss, moved) = pg(0.5);
-        assert!((loss + 4.0 * 0.5 / 7.0).abs() < 1e-9 && moved, "{loss}");
+        let pg = |advantage, written_weight, written_sft| {
+            train_once(&guided(advantage), UpdateConfig { written_weight, written_sft, ..config(1, None) })
+        };
+        let close = |(loss, moved): (f64, bool), expected: f64| moved && (loss - expected).abs() < 1e-9;
+        assert!(close(pg(1.0, 1.0, 0.0), -1.0));
+        assert!(close(pg(1.0, 0.0, 0.0), -3.0 / 7.0), "only the sampled tokens");
+        assert!(close(pg(1.0, 0.5, 0.0), -5.0 / 7.0));
+        // A group whose rewards were all equal (advantage 0) trains only through written_sft,
+        // on the written tokens alone.
+        assert_eq!(pg(0.0, 1.0, 0.0), (0.0, false));
+        assert!(close(pg(0.0, 1.0, 0.5), -4.0 * 0.5 / 7.0));
     }
 
     #[test]
@@ -486,18 +480,13 @@ mod tests {
         none.last_misstep = None;
         assert_eq!(none.misstep_at(&sequence), None);
         let pg = |misstep_penalty: f64| {
-            let config = UpdateConfig { misstep_penalty, ..config(1, None) };
-            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
             // `solver_batch` gives a rollout its misstep only where the penalty credits it.
             let mut samples = batch.samples.clone();
             if misstep_penalty == 0.0 {
                 samples[0].last_misstep = None;
             }
             let credited = RoleBatch { samples, rewards: vec![0.0], ..self::batch(&[]) };
-            let mut state = state();
-            let before = state.trainer.model.weights.clone();
-            let rows = update_role(&mut state, &credited, &plan, &mut Timings::default()).unwrap();
-            (rows[0].pg_loss, state.trainer.model.weights != before)
+            train_once(&credited, UpdateConfig { misstep_penalty, ..config(1, None) })
         };
         // A zero advantage trains nothing, unless the misstep's penalty gives it one: at ratio 1
         // each token's surrogate is minus its advantage, averaged over the four scored tokens.
