@@ -174,7 +174,10 @@ fn written<'a>(tables: &'a RunTables, name: &str, step: u64, writer: &str) -> &'
 
 /// Runs `spec` `trials` times, each killed at a random moment of a run as long as `duration`
 /// (loading, training, serving, evaluating or committing) and resumed; asserts each resumed
-/// run's tables are `reference`'s. Returns how many were killed before they completed.
+/// run's tables are `reference`'s. Returns how many were killed before they completed. A trial
+/// that completed before its kill (the machine got faster than when `duration` was measured)
+/// is tried again at half the delay, up to three times, so that the count does not depend on
+/// the machine's load staying put.
 fn kill_and_resume(
     dir: &Path,
     spec: &str,
@@ -186,15 +189,26 @@ fn kill_and_resume(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut interrupted = 0;
     for trial in 0..trials {
-        let store = dir.join(format!("trial-{trial}"));
-        let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
-        std::thread::sleep(duration.mul_f64(rng.random_range(0.3..0.95)));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { continue };
-        let manifest: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
-        interrupted += usize::from(manifest["status"] != "completed");
+        let mut fraction = rng.random_range(0.3..0.95);
+        let mut attempt = 0;
+        let run = loop {
+            let store = dir.join(format!("trial-{trial}-{attempt}"));
+            let mut child =
+                spawn_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
+            std::thread::sleep(duration.mul_f64(fraction));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { break None };
+            let manifest: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+            let completed = manifest["status"] == "completed";
+            if !completed || attempt == 3 {
+                interrupted += usize::from(!completed);
+                break Some(run);
+            }
+            (fraction, attempt) = (fraction / 2.0, attempt + 1);
+        };
+        let Some(run) = run else { continue };
         let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir);
         assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
         let tables = tables(&run);
