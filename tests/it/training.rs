@@ -198,9 +198,14 @@ fn kill_and_resume(
             std::thread::sleep(duration.mul_f64(fraction));
             child.kill().unwrap();
             child.wait().unwrap();
-            let Ok(run) = std::fs::read_dir(&store).map(|_| only_run(&store)) else { break None };
-            let manifest: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(run.join("manifest.json")).unwrap()).unwrap();
+            // Killed before the run had a directory and a manifest: nothing to resume.
+            let run = std::fs::read_dir(&store).ok().and_then(|mut entries| entries.next()).map(|e| e.unwrap().path());
+            let Some((run, manifest)) =
+                run.and_then(|run| std::fs::read(run.join("manifest.json")).ok().map(|bytes| (run, bytes)))
+            else {
+                break None;
+            };
+            let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
             let completed = manifest["status"] == "completed";
             if !completed || attempt == 3 {
                 interrupted += usize::from(!completed);
