@@ -608,28 +608,24 @@ fn an_excess_search_cost_outside_zero_to_one_is_refused() {
     learn_accepts(&["stages.reward.excess_search_cost=0.1"]);
 }
 
-/// `misstep_penalty` is subtracted from advantages: a negative one would reward missteps, and an
-/// external trainer, which gets one advantage per sequence, could not apply it.
+/// The per-token credits: `misstep_penalty` is subtracted from advantages (a negative one would
+/// reward missteps), `written_sft` added to written tokens' (a negative one would push down the
+/// true chain's plan); an external trainer, which gets one advantage per sequence and weights
+/// written tokens itself, could apply neither.
 #[test]
-fn a_negative_misstep_penalty_or_one_with_an_external_trainer_is_refused() {
-    learn_refuses(&["stages.update.misstep_penalty=-1"], "stages.update.misstep_penalty: must be a number ≥ 0, got -1");
-    learn_refuses(
-        &["stages.update.misstep_penalty=1", "stages.update.external={command: [sh], dir: ext}"],
-        "stages.update.misstep_penalty: an external trainer gets one advantage per sequence",
-    );
-    learn_accepts(&["stages.update.misstep_penalty=1"]);
-}
-
-/// `written_sft` is added to written tokens' advantages: a negative one would push down the
-/// true chain's plan, and an external trainer weights written tokens itself.
-#[test]
-fn a_negative_written_sft_or_one_with_an_external_trainer_is_refused() {
-    learn_refuses(&["stages.update.written_sft=-0.5"], "stages.update.written_sft: must be a number ≥ 0, got -0.5");
-    learn_refuses(
-        &["stages.update.written_sft=1", "stages.update.external={command: [sh], dir: ext}"],
-        "stages.update.written_sft: an external trainer weights written tokens itself",
-    );
-    learn_accepts(&["stages.update.written_sft=1"]);
+fn a_negative_token_credit_or_one_with_an_external_trainer_is_refused() {
+    for (key, negative, external) in [
+        ("misstep_penalty", "-1", "an external trainer gets one advantage per sequence"),
+        ("written_sft", "-0.5", "an external trainer weights written tokens itself"),
+    ] {
+        let key = format!("stages.update.{key}");
+        learn_refuses(&[&format!("{key}={negative}")], &format!("{key}: must be a number ≥ 0, got {negative}"));
+        learn_refuses(
+            &[&format!("{key}=1"), "stages.update.external={command: [sh], dir: ext}"],
+            &format!("{key}: {external}"),
+        );
+        learn_accepts(&[&format!("{key}=1")]);
+    }
 }
 
 /// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.

@@ -172,6 +172,19 @@ fn written<'a>(tables: &'a RunTables, name: &str, step: u64, writer: &str) -> &'
     &tables[&(name.to_string(), step, format!("{writer}.parquet"))]
 }
 
+/// Runs `spec` into `store` and kills it after `delay`: its run and whether it had completed,
+/// or `None` when it was killed before the run had a directory and a manifest.
+fn run_killed(dir: &Path, spec: &str, store: &Path, delay: Duration) -> Option<(PathBuf, bool)> {
+    let mut child = spawn_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
+    std::thread::sleep(delay);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run = std::fs::read_dir(store).ok()?.next()?.unwrap().path();
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("manifest.json")).ok()?).unwrap();
+    let completed = manifest["status"] == "completed";
+    Some((run, completed))
+}
+
 /// Runs `spec` `trials` times, each killed at a random moment of a run as long as `duration`
 /// (loading, training, serving, evaluating or committing) and resumed; asserts each resumed
 /// run's tables are `reference`'s. Returns how many were killed before they completed. A trial
@@ -191,29 +204,15 @@ fn kill_and_resume(
     for trial in 0..trials {
         let mut fraction = rng.random_range(0.3..0.95);
         let mut attempt = 0;
-        let run = loop {
+        let outcome = loop {
             let store = dir.join(format!("trial-{trial}-{attempt}"));
-            let mut child =
-                spawn_sesa_with(ChildRegistry::Stages, &["run", spec, "--store", store.to_str().unwrap()], dir);
-            std::thread::sleep(duration.mul_f64(fraction));
-            child.kill().unwrap();
-            child.wait().unwrap();
-            // Killed before the run had a directory and a manifest: nothing to resume.
-            let run = std::fs::read_dir(&store).ok().and_then(|mut entries| entries.next()).map(|e| e.unwrap().path());
-            let Some((run, manifest)) =
-                run.and_then(|run| std::fs::read(run.join("manifest.json")).ok().map(|bytes| (run, bytes)))
-            else {
-                break None;
-            };
-            let manifest: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
-            let completed = manifest["status"] == "completed";
-            if !completed || attempt == 3 {
-                interrupted += usize::from(!completed);
-                break Some(run);
+            match run_killed(dir, spec, &store, duration.mul_f64(fraction)) {
+                Some((_, true)) if attempt < 3 => (fraction, attempt) = (fraction / 2.0, attempt + 1),
+                outcome => break outcome,
             }
-            (fraction, attempt) = (fraction / 2.0, attempt + 1);
         };
-        let Some(run) = run else { continue };
+        let Some((run, completed)) = outcome else { continue };
+        interrupted += usize::from(!completed);
         let resumed = run_sesa_with(ChildRegistry::Stages, &["resume", run.to_str().unwrap()], dir);
         assert_eq!(resumed.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&resumed.stderr));
         let tables = tables(&run);

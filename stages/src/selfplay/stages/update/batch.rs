@@ -7,6 +7,7 @@ use arrow_array::RecordBatch;
 use sesa_engine::{StageError, Tables};
 
 use super::super::failed;
+use super::UpdateConfig;
 use sesa_engine::columns::Reader;
 use sesa_models::train::{TrainSequence, baseline_advantages, group_advantages};
 
@@ -45,8 +46,14 @@ const WRITTEN: u32 = 2;
 impl Sample {
     /// Whether guidance wrote any of its tokens (a plan, a step to the next hop) and the
     /// update can tell which ([`Self::guided_at`] marks them).
-    pub fn has_written(&self) -> bool {
+    fn has_written(&self) -> bool {
         self.guided && self.exact && self.loss_mask.contains(&WRITTEN)
+    }
+
+    /// Whether some of its tokens are trained whatever the group's rewards: it has a misstep
+    /// (filled only where missteps are credited), or written tokens where `credit_written`.
+    pub fn has_own_credit(&self, credit_written: bool) -> bool {
+        self.last_misstep.is_some() || (credit_written && self.has_written())
     }
 
     /// Whether the policy gave its token ids (in-process training needs them).
@@ -180,15 +187,10 @@ fn samples(table: &str, batch: &RecordBatch, groups: &[u64]) -> Result<Vec<Sampl
 }
 
 /// The solver's batch: every rollout with its GRPO advantage over its question's group; groups
-/// whose rewards are all equal left out when `skip_silent`, unless a rollout of theirs carries
-/// credit of its own. With `credit_missteps`, each rollout carries its last misstep; with
-/// `credit_written`, written tokens are trained whatever the rewards.
-pub(super) fn solver_batch(
-    inputs: &Tables,
-    skip_silent: bool,
-    credit_missteps: bool,
-    credit_written: bool,
-) -> Result<RoleBatch, StageError> {
+/// whose rewards are all equal left out with `skip_groups_without_signal`, unless a rollout of
+/// theirs has credit of its own ([`Sample::has_own_credit`]). Each rollout carries its last
+/// misstep where `config` credits missteps.
+pub(super) fn solver_batch(inputs: &Tables, config: &UpdateConfig) -> Result<RoleBatch, StageError> {
     let rollouts = inputs.get("rollouts")?;
     let (items, guided) = {
         let reader = Reader::new("rollouts", rollouts);
@@ -198,7 +200,7 @@ pub(super) fn solver_batch(
     let reader = Reader::new("rewards", rewards);
     let (roles, values) = (reader.str("role")?, reader.f64("reward")?);
     // Missteps matter to the update only where it credits them.
-    let missteps = if credit_missteps { reader.u32s("missteps")? } else { vec![Vec::new(); roles.len()] };
+    let missteps = if config.credits_missteps() { reader.u32s("missteps")? } else { vec![Vec::new(); roles.len()] };
     // `rewards` lists the solver's rows first, in rollout order.
     let (solver_rewards, last_missteps): (Vec<f64>, Vec<Option<u32>>) = roles
         .iter()
@@ -216,20 +218,17 @@ pub(super) fn solver_batch(
         sample.last_misstep = last_missteps[i];
     }
     let groups_without_signal = silent.len();
-    if skip_silent {
-        retain_signal(&mut samples, silent, credit_written);
+    if config.skip_groups_without_signal {
+        retain_signal(&mut samples, silent, config.credits_written());
     }
     Ok(RoleBatch { role: "solver", samples, rewards: solver_rewards, groups, groups_without_signal })
 }
 
 /// Leaves out the samples of `silent` groups (rewards all equal, advantages all 0) but those
-/// of a group where a sample carries credit of its own: a misstep (a sample has one only where
-/// missteps are credited), or written tokens where `credit_written`.
+/// of a group where a sample has credit of its own.
 fn retain_signal(samples: &mut Vec<Sample>, mut silent: BTreeSet<u64>, credit_written: bool) {
-    for sample in samples.iter() {
-        if sample.last_misstep.is_some() || (credit_written && sample.has_written()) {
-            silent.remove(&sample.group);
-        }
+    for sample in samples.iter().filter(|s| s.has_own_credit(credit_written)) {
+        silent.remove(&sample.group);
     }
     samples.retain(|s| !silent.contains(&s.group));
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sesa_engine::{Stage, StageContext, StageError, Tables};
 
-use super::batch::{RoleBatch, Sample, lack_token_ids};
+use super::batch::{RoleBatch, lack_token_ids};
 use super::{Outcome, Update, UpdateConfig, UpdateRow};
 use crate::agent::Role;
 use crate::selfplay::SelfPlay;
@@ -96,8 +96,7 @@ pub(super) fn update_role(
     // Trajectories without token ids (an inexact backend) cannot be trained in process.
     let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
         batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
-    let credited = |s: &&Sample| s.last_misstep.is_some() || (config.written_sft > 0.0 && s.has_written());
-    if samples.iter().all(|s| s.advantage == 0.0 && !credited(s)) {
+    if samples.iter().all(|s| s.advantage == 0.0 && !s.has_own_credit(config.credits_written())) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);

@@ -124,6 +124,16 @@ impl UpdateConfig {
     pub fn trained_roles(&self) -> Vec<Role> {
         self.roles.iter().map(|name| role_named(name)).collect()
     }
+
+    /// Whether a solver rollout's missteps earn its tokens a penalty of their own.
+    pub fn credits_missteps(&self) -> bool {
+        self.misstep_penalty != 0.0
+    }
+
+    /// Whether written tokens are trained whatever their rollout's reward.
+    pub fn credits_written(&self) -> bool {
+        self.written_sft != 0.0
+    }
 }
 
 /// What an update did, whichever trainer ran it.
@@ -248,36 +258,26 @@ impl Stage for Update {
                 format!("must be in [0, 1], got {}", config.written_weight),
             ));
         }
-        if !(config.misstep_penalty >= 0.0 && config.misstep_penalty.is_finite()) {
-            problems.push(ConfigProblem::new(
-                "misstep_penalty",
-                format!("must be a number ≥ 0, got {} (0 turns it off)", config.misstep_penalty),
-            ));
-        }
-        if !(config.written_sft >= 0.0 && config.written_sft.is_finite()) {
-            problems.push(ConfigProblem::new(
-                "written_sft",
-                format!("must be a number ≥ 0, got {} (0 turns it off)", config.written_sft),
-            ));
+        for (key, value) in [("misstep_penalty", config.misstep_penalty), ("written_sft", config.written_sft)] {
+            if !(value >= 0.0 && value.is_finite()) {
+                problems.push(ConfigProblem::new(key, format!("must be a number ≥ 0, got {value} (0 turns it off)")));
+            }
         }
         if let Some(external) = &config.external {
-            if config.written_sft != 0.0 {
-                problems.push(ConfigProblem::new(
-                    "written_sft",
-                    "an external trainer weights written tokens itself (their `loss_mask` is 2): remove the key",
-                ));
-            }
-            if config.misstep_penalty != 0.0 {
-                problems.push(ConfigProblem::new(
-                    "misstep_penalty",
-                    "an external trainer gets one advantage per sequence: remove the key",
-                ));
-            }
-            if config.written_weight != 1.0 {
-                problems.push(ConfigProblem::new(
+            // Per-token weights an external trainer, which gets one advantage per sequence and
+            // the `loss_mask`, cannot be told.
+            for (key, set, why) in [
+                ("misstep_penalty", config.credits_missteps(), "gets one advantage per sequence"),
+                ("written_sft", config.credits_written(), "weights written tokens itself (their `loss_mask` is 2)"),
+                (
                     "written_weight",
-                    "an external trainer weights written tokens itself (their `loss_mask` is 2): remove the key",
-                ));
+                    config.written_weight != 1.0,
+                    "weights written tokens itself (their `loss_mask` is 2)",
+                ),
+            ] {
+                if set {
+                    problems.push(ConfigProblem::new(key, format!("an external trainer {why}: remove the key")));
+                }
             }
             if external.command.is_empty() {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
@@ -410,12 +410,7 @@ impl Update {
             })?);
         }
         if self.trains("solver") {
-            batches.push(solver_batch(
-                inputs,
-                self.config.skip_groups_without_signal,
-                self.config.misstep_penalty > 0.0,
-                self.config.written_sft > 0.0,
-            )?);
+            batches.push(solver_batch(inputs, &self.config)?);
         }
         Ok(batches)
     }
