@@ -11,7 +11,8 @@ of a step goes.
 
 --depth-plot draws self-play as a curriculum, each run a line style: the searches behind the
 accepted questions per requested hop count, p̂ and solver success per hop count, where the
-solver's questions came from, and the solver's searches per question by its hop count.
+solver's questions came from, the solver's searches per question by its hop count, and (on a
+generated world) the share of proposals that ask for their target at the depth asked.
 
 With several runs (arms of one experiment from the same warm start: memory off and on), each is
 reported in turn, then every pair of evaluations made at the same step is compared question by
@@ -281,6 +282,9 @@ def depth_plot(path):
                  label=f"{label}: {hops} hops")
             draw(axes[0][3], series_of(run, "reward", f"solver_misstep_rate_h{hops}"), linestyle=line,
                  color=colours[hops], label=f"{label}: {hops} hops")
+            # Only on a generated world: questions that ask for their target at the depth asked.
+            draw(axes[1][3], series_of(run, "propose", f"right_rate_h{hops}"), linestyle=line, color=colours[hops],
+                 label=f"{label}: {hops} hops")
         for source, colour in [("proposed", "tab:green"), ("reused", "tab:olive"), ("substitute", "tab:gray"),
                                ("dummy", "black")]:
             draw(axes[1][0], series_of(run, "verify", f"source_{source}"), linestyle=line, color=colour,
@@ -296,7 +300,7 @@ def depth_plot(path):
                "solver success (unguided rollouts), by hops",
                "rollouts with a misstep (unguided), by hops"],
               ["share of the solver's questions, by source", "solver searches per question, by hops",
-               "proposals valid and verified", None]]
+               "proposals valid and verified", "proposals that ask for their target, by hops asked"]]
     for row, names in zip(axes, titles):
         for axis, title in zip(row, names):
             if title is None:

@@ -651,6 +651,26 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
         }
     }
     assert!(checked > 4, "more than one hop count a step");
+    // The targets come from a generated world, so each question is read in it: the script's
+    // code-word questions are outside its grammar, so they ask for nothing it can tell, none is
+    // right, and an accepted one keeps its requested depth.
+    for (step, batch) in &tables["proposals"] {
+        let read = |name: &str| batch.column_by_name(name).unwrap().null_count();
+        assert_eq!((read("world_answer"), read("world_hops")), (batch.num_rows(), batch.num_rows()), "step {step}");
+        let hops = unsigned(batch, "hops");
+        for h in hops.iter().collect::<std::collections::BTreeSet<_>>() {
+            assert_eq!(by_step(&format!("right_rate_h{h}"))[step], 0.0, "step {step}, {h} hops");
+        }
+        assert_eq!(by_step("right_rate")[step], 0.0);
+    }
+    for (_, batch) in &tables["verifications"] {
+        let (requested, hops) = (unsigned(batch, "requested_hops"), unsigned(batch, "hops"));
+        let accepted =
+            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        for i in (0..batch.num_rows()).filter(|&i| accepted.value(i)) {
+            assert_eq!(hops[i], requested[i]);
+        }
+    }
     // solver_success_h<n>: the rollouts of questions of n hops that succeeded.
     for ((step, rollouts), (_, verifications)) in tables["rollouts"].iter().zip(&tables["verifications"]) {
         let hops = question_hops(verifications);

@@ -560,6 +560,53 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no policy version 3 of `proposer_model`"));
 }
 
+/// `world.proposer_limit` shows the proposer more of the world's questions than the solver
+/// (`limit`), never one of the held-out tail: two warm starts of one run, the second with it.
+#[test]
+fn the_proposer_is_shown_more_targets_than_the_solver_with_its_own_limit() {
+    let dir = setup();
+    let d = dir.path().display();
+    let p = prompts().display().to_string();
+    let world = |extra: &str| {
+        format!(
+            "{{questions: {d}/world/questions.jsonl, held_out: 10, limit: 3{extra}, rules: {{min_words: 4, min_searches: 1}}}}"
+        )
+    };
+    let text = format!(
+        "\
+name: proposer limit
+seed: 3
+steps: 1
+world: {{dir: {d}/world, seed: 4, entities: 120, questions: 30}}
+model: {{backend: candle, model: {d}/tiny, cache_tokens: 2048}}
+search: {{top_k: 2, backend: {{kind: bm25, index: {d}/index, corpus: {d}/world/corpus.jsonl}}}}
+agent: {{max_turns: 2, max_turn_tokens: 6, max_total_tokens: 12, context_limit: 1024}}
+prompts: {{solver: {p}/solver_small.yaml, proposer: {p}/proposer_small.yaml, verifier: {p}/verifier.yaml}}
+stages:
+  same: {{kind: warmup, world: {same}, batch: 4, optimizer: {{lr: 1.0e-3}}}}
+  more: {{kind: warmup, after: [same], world: {more}, batch: 4, optimizer: {{lr: 1.0e-3}}}}
+",
+        same = world(""),
+        more = world(", proposer_limit: 100, proposer_facts: true"),
+    );
+    let spec = write(dir.path(), "limit.yaml", &text);
+    let (tables, _, _) = run_reference(dir.path(), spec.to_str().unwrap());
+    let count = |writer: &str, metric: &str| {
+        let batch = written(&tables, "step_metrics", 1, writer);
+        let values = batch.column_by_name("value").unwrap();
+        let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().unwrap();
+        let at = strings(batch, "metric").iter().position(|m| m == metric).unwrap();
+        values.value(at) as usize
+    };
+    let (solver, proposer) = (count("same", "solver_demonstrations"), count("same", "proposer_demonstrations"));
+    assert!(solver <= 3 && proposer <= 3, "{solver} and {proposer} demonstrations of 3 questions");
+    assert_eq!(count("more", "solver_demonstrations"), solver, "the solver keeps its limit");
+    // 20 trainable questions (30 less 10 held out) give the proposer more than 3 did, and at
+    // most one demonstration each.
+    let more = count("more", "proposer_demonstrations");
+    assert!(more > proposer && more <= 20, "{more} proposer demonstrations against {proposer}");
+}
+
 /// `sesa train-external` behind the external contract trains a run's two models apart: each
 /// from its own initial weights, then from its own last checkpoint, which the in-process
 /// policies serve after each step.

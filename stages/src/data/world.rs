@@ -494,6 +494,22 @@ impl World {
         Relation::ALL.into_iter().filter_map(read).min_by_key(|(start, _)| start.len())
     }
 
+    /// The generated world whose directory holds `file` (its questions or targets),
+    /// regenerated from the stamp beside it; `None` for a file of another origin or of another
+    /// generator version.
+    pub fn holding(file: &Path) -> Option<World> {
+        let stamp = WorldStamp::read(file.parent()?)?;
+        (stamp.generator == GENERATOR_VERSION).then(|| World::generate(stamp.config))
+    }
+
+    /// What `question`, read in the world's grammar, asks for in this world: the answer and the
+    /// hop count; `None` when it does not read as the world's questions do or its start is no
+    /// entity of this world.
+    pub fn answer_to(&self, question: &str) -> Option<(String, usize)> {
+        let (start, relations) = World::read_question(question)?;
+        Some((self.follow(&start, &relations)?, relations.len()))
+    }
+
     /// The passage of entity `index`: every fact about it, in plain sentences.
     fn passage(&self, index: usize) -> String {
         let entity = &self.entities[index];

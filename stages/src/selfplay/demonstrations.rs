@@ -320,6 +320,11 @@ impl Writer<'_> {
     /// `rules`. The walk is depth first over the passages each search finds, best first: the
     /// first chain whose question passes is written (a world's questions differ in length, and
     /// SSP's ten words turn many short ones away).
+    ///
+    /// With `facts`, each search after the first opens with a thought that states the fact the
+    /// search before it read ("The birthplace of Orla Veltri is Mibri."), and the question's turn
+    /// with the last one: the chain's relations are written down, one at a time, where composing
+    /// the question can read them, instead of only in the passages.
     pub async fn proposer(
         &self,
         template: &PromptTemplate,
@@ -327,13 +332,15 @@ impl Writer<'_> {
         answer: &str,
         hops: usize,
         walk: &dyn WalkBack,
+        facts: bool,
     ) -> Result<Option<Demonstration>, String> {
         let mut searched = Searched::default();
         // A partial walk: the answer, then each passage reached; the relation of each step.
         let mut stack: Vec<(Vec<String>, Vec<Option<String>>)> = vec![(vec![answer.to_string()], Vec::new())];
         while let Some((walked, relations)) = stack.pop() {
             if relations.len() == hops {
-                if let Some(demo) = self.walked(template, rules, &walked, relations, walk, &mut searched).await? {
+                if let Some(demo) = self.walked(template, rules, &walked, relations, walk, facts, &mut searched).await?
+                {
                     return Ok(Some(demo));
                 }
                 continue;
@@ -351,8 +358,10 @@ impl Writer<'_> {
         Ok(None)
     }
 
-    /// The demonstration of a finished walk (`walked`: the answer, then the passages reached),
-    /// or `None` when its question breaks `rules`.
+    /// The demonstration of a finished walk (`walked`: the answer, then the passages reached;
+    /// `relations[k]`: how `walked[k + 1]` states `walked[k]`), or `None` when its question
+    /// breaks `rules`.
+    #[allow(clippy::too_many_arguments)]
     async fn walked(
         &self,
         template: &PromptTemplate,
@@ -360,10 +369,19 @@ impl Writer<'_> {
         walked: &[String],
         relations: Vec<Option<String>>,
         walk: &dyn WalkBack,
+        facts: bool,
         searched: &mut Searched,
     ) -> Result<Option<Demonstration>, String> {
         let (answer, reached) = walked.split_first().expect("the answer at least");
         let hops = reached.len();
+        // What the k-th search read: the passage it reached and how that passage states what
+        // was searched, in the solver's words for a fact.
+        let read: Vec<String> = (0..hops)
+            .map(|k| match &relations[k] {
+                Some(relation) => format!("The {relation} of {} is {}.", walked[k + 1], walked[k]),
+                None => format!("{} leads to {}.", walked[k + 1], walked[k]),
+            })
+            .collect();
         let titles: Vec<String> = reached.iter().rev().cloned().collect();
         // A chain whose relations are unknown (a dataset that names only titles) keeps none.
         let relations: Vec<String> = relations.into_iter().rev().collect::<Option<_>>().unwrap_or_default();
@@ -386,18 +404,27 @@ impl Writer<'_> {
             }
             queries.push(query);
         }
+        // Turn j states what search j − 1 read; a confirming search reads no new link.
+        let thought = |turn: usize| match turn.checked_sub(1).and_then(|k| read.get(k)) {
+            Some(fact) if facts => format!("<think>{fact}</think>\n"),
+            _ => String::new(),
+        };
         let mut turns = Vec::new();
         let mut materials = String::new();
-        for query in &queries {
+        for (turn, query) in queries.iter().enumerate() {
             let (information, _) = searched.get(self, query).await?;
             materials.push_str(&information);
-            turns.push(WrittenTurn { text: format!("<search>{query}</search>"), information: Some(information) });
+            turns.push(WrittenTurn {
+                text: format!("{}<search>{query}</search>", thought(turn)),
+                information: Some(information),
+            });
         }
+        let last = thought(queries.len());
         let queries: Vec<&str> = queries.iter().map(String::as_str).collect();
         if rules.check(Some(&chain.question), answer, hops as u64, &queries, &materials).is_err() {
             return Ok(None);
         }
-        turns.push(WrittenTurn { text: format!("<question>{}</question>", chain.question), information: None });
+        turns.push(WrittenTurn { text: format!("{last}<question>{}</question>", chain.question), information: None });
         let prompt = self
             .policy
             .render_chat(&template.render(&BTreeMap::from([("answer", answer.clone()), ("hops", hops.to_string())])));
@@ -562,7 +589,7 @@ mod tests {
                 assert_eq!(demo.sequence.mask[0], 0);
             }
             let (answer, hops) = (&question.golden_answers[0], question.supporting_titles.len());
-            if let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, question).await.unwrap() {
+            if let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, question, false).await.unwrap() {
                 proposed += 1;
                 // The walk back starts from the answer and ends with the question.
                 let trained = trained(&demo);
@@ -577,7 +604,7 @@ mod tests {
         let mut confirmed = 0;
         for question in one_hop {
             let answer = &question.golden_answers[0];
-            if let Some(demo) = writer.proposer(&proposer, &two, answer, 1, question).await.unwrap() {
+            if let Some(demo) = writer.proposer(&proposer, &two, answer, 1, question, false).await.unwrap() {
                 let (title, relation) = (&question.supporting_titles[0], &question.supporting_relations[0]);
                 let trained = trained(&demo);
                 let walk =
@@ -596,9 +623,13 @@ mod tests {
         let mut walked = 0;
         for question in &questions {
             let (answer, hops) = (&question.golden_answers[0], question.supporting_titles.len());
-            let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, &world).await.unwrap() else { continue };
+            let Some(demo) = writer.proposer(&proposer, &rules, answer, hops, &world, false).await.unwrap() else {
+                continue;
+            };
             walked += 1;
             assert_eq!(demo.hops as usize, hops);
+            let noted = writer.proposer(&proposer, &rules, answer, hops, &world, true).await.unwrap().unwrap();
+            let noted = trained(&noted);
             let trained = trained(&demo);
             let searches: Vec<&str> =
                 trained.split("<search>").skip(1).map(|s| s.split("</search>").next().unwrap()).collect();
@@ -619,6 +650,20 @@ mod tests {
                 .collect();
             assert_eq!(World::compose_question(start, &relations).as_deref(), Some(written));
             assert_eq!(world.follow(start, &relations).as_deref(), Some(answer.as_str()), "{written}");
+            // With facts, the same walk states each link it read, last hop first, before the
+            // next search and before the question.
+            let facts: Vec<String> = (0..hops)
+                .map(|k| format!("The {} of {} is {}.", relations[hops - 1 - k], chain[hops - 1 - k], chain[hops - k]))
+                .collect();
+            let thoughts: Vec<&str> =
+                noted.split("<think>").skip(1).map(|s| s.split("</think>\n").next().unwrap()).collect();
+            assert_eq!(thoughts, facts, "{noted}");
+            assert!(noted.starts_with("<search>"), "{noted}");
+            let mut bare = noted.clone();
+            for fact in &facts {
+                bare = bare.replacen(&format!("<think>{fact}</think>\n"), "", 1);
+            }
+            assert_eq!(bare, trained);
         }
         assert!(walked > proposed, "{walked} walks through the world against {proposed} along the questions' chains");
         // A skill block goes into the prompt, untrained; the trajectory is the same.

@@ -108,6 +108,10 @@ fn a_world_generated_with_other_parameters_is_regenerated_not_reused() {
     section(300).ensure().unwrap();
     assert!(passages() > small, "the spec's size, not the stale world's");
     assert_eq!(WorldStamp::read(&dir.path().join("world")).unwrap().config.entities, 300);
+    // A file of the world's directory gives the world back; one elsewhere, none.
+    let held = World::holding(&dir.path().join("world/targets.jsonl")).unwrap();
+    assert_eq!(held.passages().count(), passages());
+    assert!(World::holding(&dir.path().join("targets.jsonl")).is_none());
     let wanted =
         WorldStamp { generator: GENERATOR_VERSION, config: WorldConfig { seed: 2, entities: 300, questions: 20 } };
     assert_eq!(stamp.differences(&wanted), ["seed 1 (the spec asks for 2)", "entities 100 (the spec asks for 300)"]);
@@ -127,6 +131,7 @@ fn a_question_is_composed_from_its_chain_and_its_facts_lead_to_the_answer() {
         assert_eq!(World::compose_question(start, &relations).as_ref(), Some(&q.question));
         assert_eq!(World::read_question(&q.question), Some((start.clone(), relations.clone())), "read back");
         assert_eq!(w.follow(start, &relations).as_ref(), Some(&q.golden_answers[0]));
+        assert_eq!(w.answer_to(&q.question), Some((q.golden_answers[0].clone(), relations.len())));
         // Each passage on the chain states the next one (an entity: an inner relation), the
         // last the answer; by the hop's relation, or another that leads there too (a mother
         // who is also the spouse).
@@ -154,6 +159,13 @@ fn a_question_is_composed_from_its_chain_and_its_facts_lead_to_the_answer() {
     assert_eq!(World::compose_question(start, &["birth year", "country"]), None);
     assert_eq!(World::compose_question(start, &["favourite colour"]), None);
     assert_eq!(w.follow(start, &["founding year"]), None);
+    // What a proposer's question asks: one hop short asks for the chain's next entity; a start
+    // the world lacks, or wording outside its grammar, asks nothing it can tell.
+    let relations: Vec<&str> = q.supporting_relations.iter().map(String::as_str).collect();
+    let short = World::compose_question(start, &relations[..1]).unwrap();
+    assert_eq!(w.answer_to(&short), Some((q.supporting_titles[1].clone(), 1)));
+    assert_eq!(w.answer_to(&World::compose_question("Nobody Anywhere", &relations).unwrap()), None);
+    assert_eq!(w.answer_to(&format!("Tell me: {}", q.question)), None);
     // Text outside the grammar is not read, however close.
     assert_eq!(World::read_question("In which country is ?"), None);
     assert_eq!(World::read_question("In which country was Orla born?"), None);

@@ -13,6 +13,7 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, play, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory};
+use crate::data::world::World;
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
 use sesa_engine::columns::{Columns, schema_of};
@@ -42,6 +43,9 @@ pub struct ProposeConfig {
 pub struct Propose {
     config: ProposeConfig,
     targets: LoadOnce<Vec<Target>>,
+    /// The generated world the targets were drawn from, when they were: it tells what each
+    /// question really asks.
+    world: LoadOnce<Option<World>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,6 +65,18 @@ struct Proposal {
     trajectory: Trajectory,
     question: Option<String>,
     verdict: Result<String, String>,
+    /// What the question asks in the targets' world (answer, hops), when it reads as that
+    /// world's questions do.
+    asks: Option<(String, usize)>,
+}
+
+impl Proposal {
+    /// Whether the question asks, in the targets' world, for its target at the requested depth.
+    fn right(&self) -> bool {
+        self.asks
+            .as_ref()
+            .is_some_and(|(answer, hops)| *answer == self.target.answer && *hops as u64 == self.target.hops)
+    }
 }
 
 fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
@@ -71,6 +87,8 @@ fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
         .opt_str("question", proposals.iter().map(|p| p.verdict.as_ref().ok().map(String::as_str)))
         .opt_str("raw_question", proposals.iter().map(|p| p.question.as_deref()))
         .bool("valid", proposals.iter().map(|p| p.verdict.is_ok()))
+        .opt_str("world_answer", proposals.iter().map(|p| p.asks.as_ref().map(|(answer, _)| answer.as_str())))
+        .opt_u64("world_hops", proposals.iter().map(|p| p.asks.as_ref().map(|(_, hops)| *hops as u64)))
         .str("reason", proposals.iter().map(|p| p.verdict.as_ref().err().map_or("", String::as_str)))
         .str(
             "materials",
@@ -141,7 +159,11 @@ impl Stage for Propose {
         {
             problems.push(ConfigProblem::new("min_hops", format!("{min} exceeds max_hops ({max})")));
         }
-        if problems.is_empty() { Ok(Propose { config, targets: LoadOnce::default() }) } else { Err(problems) }
+        if problems.is_empty() {
+            Ok(Propose { config, targets: LoadOnce::default(), world: LoadOnce::default() })
+        } else {
+            Err(problems)
+        }
     }
 
     fn outputs(&self) -> Vec<TableSpec> {
@@ -166,6 +188,7 @@ impl Stage for Propose {
         let template = Templates::require(&selfplay.templates.proposer, "proposer")?;
         let hops = (self.config.min_hops.unwrap_or(0), self.config.max_hops.unwrap_or(u64::MAX));
         let all = self.targets.get(|| load_targets(&self.config.targets, hops))?;
+        let world = self.world.get(|| Ok(World::holding(&self.config.targets)))?;
         let start = (cx.step() - 1) as usize * self.config.batch;
         let targets: Vec<Target> = (0..self.config.batch)
             .map(|i| {
@@ -199,7 +222,8 @@ impl Stage for Propose {
                     &trajectory.queries(),
                     &materials(&trajectory.response),
                 );
-                Proposal { target, trajectory, question, verdict }
+                let asks = question.as_deref().zip(Option::as_ref(&world)).and_then(|(q, world)| world.answer_to(q));
+                Proposal { target, trajectory, question, verdict, asks }
             })
             .collect();
         let valid = |p: &Proposal| f64::from(p.verdict.is_ok() as u8);
@@ -208,6 +232,13 @@ impl Stage for Propose {
             ("valid_rate".into(), mean(proposals.iter().map(valid))),
         ];
         metrics.extend(per_hops("valid_rate", proposals.iter().map(|p| (p.target.hops, valid(p)))));
+        // Only where the targets' world can tell: the share of questions that ask for their
+        // target at the requested depth, whatever the rules and the verifier said.
+        if world.is_some() {
+            let right = |p: &Proposal| f64::from(p.right() as u8);
+            metrics.push(("right_rate".into(), mean(proposals.iter().map(right))));
+            metrics.extend(per_hops("right_rate", proposals.iter().map(|p| (p.target.hops, right(p)))));
+        }
         // Searches of the valid proposals by requested hops: whether the proposer walks as far
         // as it is asked.
         let searched = proposals.iter().filter(|p| p.verdict.is_ok());

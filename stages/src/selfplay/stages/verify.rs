@@ -194,7 +194,8 @@ struct Verification {
     solver_target: String,
     /// Hops the proposer was asked for.
     requested_hops: u64,
-    /// Hops of the solver's question: those the proposer was asked for, a substitute's own.
+    /// Hops of the solver's question: an accepted proposal's as the targets' world reads it
+    /// (those asked for without a generated world), a reused or substitute question's own.
     hops: Option<u64>,
     /// The searches the question was built along, in the order a solver makes them: the
     /// proposer's reversed (it walks back from the answer), or each hop of a generated world's
@@ -202,6 +203,17 @@ struct Verification {
     /// when unknown. What `solve`'s guidance hints from.
     path: Vec<String>,
     source: &'static str,
+}
+
+/// An accepted question's depth: the one the targets' world gives it (`asks`: its answer and
+/// hops there) when it asks for `target`, unknown when it asks for something else, and the
+/// `requested` one when no world could read it.
+fn accepted_hops(asks: Option<(&str, u64)>, target: &str, requested: u64) -> Option<u64> {
+    match asks {
+        Some((answer, hops)) if answer == target => Some(hops),
+        Some(_) => None,
+        None => Some(requested),
+    }
 }
 
 /// Where the solver's questions come from, in the order `step_metrics` lists their shares.
@@ -314,6 +326,8 @@ impl Stage for Verify {
         let proposals = Reader::new("proposals", batch);
         let targets = proposals.str("target")?;
         let requested = proposals.u64("hops")?;
+        let (world_answers, world_hops) = (proposals.opt_str("world_answer")?, proposals.opt_u64("world_hops")?);
+        let realised = |i: usize| accepted_hops(world_answers[i].zip(world_hops[i]), targets[i], requested[i]);
         let searches = proposals.strs("searches")?;
         let questions = proposals.opt_str("question")?;
         let reasons = proposals.str("reason")?;
@@ -446,7 +460,7 @@ impl Stage for Verify {
             };
             let (solver_question, solver_target, hops, path, source) = if accept {
                 let path = searches[i].iter().rev().cloned().collect();
-                (questions[i].map(str::to_string), targets[i].to_string(), Some(requested[i]), path, "proposed")
+                (questions[i].map(str::to_string), targets[i].to_string(), realised(i), path, "proposed")
             } else {
                 let mut rng = cx.rng(2_000_000 + i as u64);
                 let replacement = match self.config.invalid {
@@ -515,5 +529,20 @@ impl Stage for Verify {
         Ok(Tables::new()
             .with("verifications", verifications_batch(&rows)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepted_hops;
+
+    #[test]
+    fn an_accepted_question_has_the_depth_its_world_gives_it() {
+        // Asked for three hops, the question asks for the target at two.
+        assert_eq!(accepted_hops(Some(("Mibri", 2)), "Mibri", 3), Some(2));
+        // It asks for another entity: its depth for this target is unknown.
+        assert_eq!(accepted_hops(Some(("Orla", 2)), "Mibri", 3), None);
+        // No world read it (another kind of data, or wording outside the world's grammar).
+        assert_eq!(accepted_hops(None, "Mibri", 3), Some(3));
     }
 }

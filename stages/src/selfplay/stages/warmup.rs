@@ -17,7 +17,7 @@ use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, T
 use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::data::datasets::{Question, load_questions};
-use crate::data::world::{GENERATOR_VERSION, World, WorldStamp};
+use crate::data::world::World;
 use crate::selfplay::demonstrations::{
     Demonstration, SkillShare, WalkBack, Writer, demonstration_skills, read_user_demonstrations,
 };
@@ -55,6 +55,12 @@ pub struct WorldDemonstrations {
     /// Questions used at most (from the start of the file), before filtering.
     #[serde(default)]
     pub limit: Option<usize>,
+    /// Questions the proposer's demonstrations use at most (`limit` by default), so that the
+    /// proposer can be shown many targets at every depth while the solver is shown few: a
+    /// world's question gives at most one proposer demonstration (one per target and depth), and
+    /// SSP's rules drop many.
+    #[serde(default)]
+    pub proposer_limit: Option<usize>,
     /// The rules a proposer demonstration's question must pass (the propose stage's).
     #[serde(default)]
     pub rules: ValidityRules,
@@ -64,6 +70,13 @@ pub struct WorldDemonstrations {
     /// ignore), the rest none. Unset: no skills, as in the paper.
     #[serde(default)]
     pub skills: Option<SkillShare>,
+    /// Proposer demonstrations that write down, in a thought before each next search and
+    /// before the question, the fact the last search read ("The birthplace of X is Mibri."), so
+    /// that the question is composed from relations written in the trajectory rather than
+    /// recalled from the passages. Off by default (the demonstrations SSP's warm start would
+    /// write: searches, then the question).
+    #[serde(default)]
+    pub proposer_facts: bool,
 }
 
 fn both_roles() -> Vec<String> {
@@ -157,6 +170,7 @@ impl Warmup {
             let questions = load_questions(&world.questions).map_err(|e| StageError::Failed(e.to_string()))?;
             let trainable = questions.len().saturating_sub(world.held_out);
             let used = world.limit.unwrap_or(usize::MAX).min(trainable);
+            let proposed = world.proposer_limit.or(world.limit).unwrap_or(usize::MAX).min(trainable);
             // Each role's demonstrations are tokenized by the policy that plays it.
             let writer = |role| Writer {
                 policy: selfplay.policy_of(role).as_ref(),
@@ -172,7 +186,7 @@ impl Warmup {
             };
             let within =
                 |limit: Option<u8>, q: &Question| limit.is_none_or(|m| q.supporting_titles.len() <= m as usize);
-            let proposer_limit = world.proposer_max_hops.or(world.max_hops);
+            let proposer_hops = world.proposer_max_hops.or(world.max_hops);
             let solved: Vec<&Question> =
                 questions[..used].iter().filter(|q| wants("solver") && within(world.max_hops, q)).collect();
             let blocks = match &world.skills {
@@ -187,14 +201,10 @@ impl Warmup {
             // A generated world's facts let the proposer's walk back go wherever its searches
             // lead; the world is regenerated from the stamp beside its questions (only when the
             // proposer is demonstrated).
-            let graph = proposer
-                .and(world.questions.parent())
-                .and_then(WorldStamp::read)
-                .filter(|stamp| stamp.generator == GENERATOR_VERSION)
-                .map(|stamp| World::generate(stamp.config));
+            let graph = proposer.and_then(|_| World::holding(&world.questions));
             let mut targets = HashSet::new();
-            for question in &questions[..used] {
-                let Some(template) = proposer.filter(|_| within(proposer_limit, question)) else { continue };
+            for question in &questions[..proposed] {
+                let Some(template) = proposer.filter(|_| within(proposer_hops, question)) else { continue };
                 let Some(answer) = question.golden_answers.first() else { continue };
                 let hops = question.supporting_titles.len();
                 // One demonstration per target: the same walk through the world would write the
@@ -208,7 +218,7 @@ impl Warmup {
                 };
                 demonstrations.extend(
                     proposer_writer
-                        .proposer(template, &world.rules, answer, hops, walk)
+                        .proposer(template, &world.rules, answer, hops, walk, world.proposer_facts)
                         .await
                         .map_err(StageError::Failed)?,
                 );
