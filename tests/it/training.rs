@@ -566,26 +566,19 @@ fn a_proposer_model_is_served_and_trained_apart_and_resumes() {
 fn the_proposer_is_shown_more_targets_than_the_solver_with_its_own_limit() {
     let dir = setup();
     let d = dir.path().display();
-    let p = prompts().display().to_string();
     let world = |extra: &str| {
         format!(
             "{{questions: {d}/world/questions.jsonl, held_out: 10, limit: 3{extra}, rules: {{min_words: 4, min_searches: 1}}}}"
         )
     };
+    // The training spec's model, world, search and prompts; one step of two warm starts.
+    let base = std::fs::read_to_string(spec(dir.path())).unwrap().replace("steps: 3", "steps: 1");
     let text = format!(
-        "\
-name: proposer limit
-seed: 3
-steps: 1
-world: {{dir: {d}/world, seed: 4, entities: 120, questions: 30}}
-model: {{backend: candle, model: {d}/tiny, cache_tokens: 2048}}
-search: {{top_k: 2, backend: {{kind: bm25, index: {d}/index, corpus: {d}/world/corpus.jsonl}}}}
-agent: {{max_turns: 2, max_turn_tokens: 6, max_total_tokens: 12, context_limit: 1024}}
-prompts: {{solver: {p}/solver_small.yaml, proposer: {p}/proposer_small.yaml, verifier: {p}/verifier.yaml}}
-stages:
+        "{}stages:
   same: {{kind: warmup, world: {same}, batch: 4, optimizer: {{lr: 1.0e-3}}}}
   more: {{kind: warmup, after: [same], world: {more}, batch: 4, optimizer: {{lr: 1.0e-3}}}}
 ",
+        base.split("trainer:").next().unwrap(),
         same = world(""),
         more = world(", proposer_limit: 100, proposer_facts: true"),
     );
