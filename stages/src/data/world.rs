@@ -505,9 +505,9 @@ impl World {
     /// What `question`, read in the world's grammar, asks for in this world: the answer and the
     /// hop count; `None` when it does not read as the world's questions do or its start is no
     /// entity of this world.
-    pub fn answer_to(&self, question: &str) -> Option<(String, usize)> {
+    pub fn answer_to(&self, question: &str) -> Option<(String, u64)> {
         let (start, relations) = World::read_question(question)?;
-        Some((self.follow(&start, &relations)?, relations.len()))
+        Some((self.follow(&start, &relations)?, relations.len() as u64))
     }
 
     /// The passage of entity `index`: every fact about it, in plain sentences.

@@ -203,6 +203,15 @@ pub fn plan_thought(start: &str, relations: &[impl AsRef<str>]) -> String {
     format!("I need the {first} of {start}{then}.")
 }
 
+/// A fact as the demonstrations' thoughts state it: "The country of Orla is Veltria." when
+/// the relation is known, "Orla leads to Veltria." when it is not.
+fn fact(subject: &str, relation: Option<&str>, object: &str) -> String {
+    match relation {
+        Some(relation) => format!("The {relation} of {subject} is {object}."),
+        None => format!("{subject} leads to {object}."),
+    }
+}
+
 /// What writing demonstrations needs from the run.
 pub struct Writer<'a> {
     /// The policy (its chat template and tokenizer).
@@ -277,11 +286,7 @@ impl Writer<'_> {
             return Ok(None);
         }
         let relation = |hop: usize| question.supporting_relations.get(hop);
-        // "The country of Orla is Veltria." when the relation is known.
-        let fact = |hop: usize, object: &str| match relation(hop) {
-            Some(relation) => format!("The {relation} of {} is {object}.", titles[hop]),
-            None => format!("{} leads to {object}.", titles[hop]),
-        };
+        let fact_at = |hop: usize, object: &str| fact(&titles[hop], relation(hop).map(String::as_str), object);
         let prompt = self.policy.render_chat(
             &template
                 .render(&BTreeMap::from([("question", question.question.clone()), ("skills", skills.to_string())])),
@@ -295,7 +300,7 @@ impl Writer<'_> {
                 Some(relation) => format!("Next, the {relation} of {title}."),
                 None => format!("I need to read about {title}."),
             };
-            let found = if hop == 0 { String::new() } else { fact(hop - 1, title) + " " };
+            let found = if hop == 0 { String::new() } else { fact_at(hop - 1, title) + " " };
             let (information, hits) = self.search(&query).await?;
             if !hits.contains(title) {
                 return Ok(None);
@@ -305,7 +310,7 @@ impl Writer<'_> {
                 information: Some(information),
             });
         }
-        let read = fact(titles.len() - 1, answer);
+        let read = fact_at(titles.len() - 1, answer);
         turns
             .push(WrittenTurn { text: format!("<think>{read}</think>\n<answer>{answer}</answer>"), information: None });
         Ok(self.sequence(&prompt, &turns).await?.map(|sequence| Demonstration {
@@ -376,12 +381,7 @@ impl Writer<'_> {
         let hops = reached.len();
         // What the k-th search read: the passage it reached and how that passage states what
         // was searched, in the solver's words for a fact.
-        let read: Vec<String> = (0..hops)
-            .map(|k| match &relations[k] {
-                Some(relation) => format!("The {relation} of {} is {}.", walked[k + 1], walked[k]),
-                None => format!("{} leads to {}.", walked[k + 1], walked[k]),
-            })
-            .collect();
+        let read: Vec<String> = (0..hops).map(|k| fact(&walked[k + 1], relations[k].as_deref(), &walked[k])).collect();
         let titles: Vec<String> = reached.iter().rev().cloned().collect();
         // A chain whose relations are unknown (a dataset that names only titles) keeps none.
         let relations: Vec<String> = relations.into_iter().rev().collect::<Option<_>>().unwrap_or_default();

@@ -131,7 +131,7 @@ fn a_question_is_composed_from_its_chain_and_its_facts_lead_to_the_answer() {
         assert_eq!(World::compose_question(start, &relations).as_ref(), Some(&q.question));
         assert_eq!(World::read_question(&q.question), Some((start.clone(), relations.clone())), "read back");
         assert_eq!(w.follow(start, &relations).as_ref(), Some(&q.golden_answers[0]));
-        assert_eq!(w.answer_to(&q.question), Some((q.golden_answers[0].clone(), relations.len())));
+        assert_eq!(w.answer_to(&q.question), Some((q.golden_answers[0].clone(), relations.len() as u64)));
         // Each passage on the chain states the next one (an entity: an inner relation), the
         // last the answer; by the hop's relation, or another that leads there too (a mother
         // who is also the spouse).

@@ -67,15 +67,13 @@ struct Proposal {
     verdict: Result<String, String>,
     /// What the question asks in the targets' world (answer, hops), when it reads as that
     /// world's questions do.
-    asks: Option<(String, usize)>,
+    asks: Option<(String, u64)>,
 }
 
 impl Proposal {
     /// Whether the question asks, in the targets' world, for its target at the requested depth.
     fn right(&self) -> bool {
-        self.asks
-            .as_ref()
-            .is_some_and(|(answer, hops)| *answer == self.target.answer && *hops as u64 == self.target.hops)
+        self.asks.as_ref().is_some_and(|(answer, hops)| *answer == self.target.answer && *hops == self.target.hops)
     }
 }
 
@@ -88,7 +86,7 @@ fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
         .opt_str("raw_question", proposals.iter().map(|p| p.question.as_deref()))
         .bool("valid", proposals.iter().map(|p| p.verdict.is_ok()))
         .opt_str("world_answer", proposals.iter().map(|p| p.asks.as_ref().map(|(answer, _)| answer.as_str())))
-        .opt_u64("world_hops", proposals.iter().map(|p| p.asks.as_ref().map(|(_, hops)| *hops as u64)))
+        .opt_u64("world_hops", proposals.iter().map(|p| p.asks.as_ref().map(|(_, hops)| *hops)))
         .str("reason", proposals.iter().map(|p| p.verdict.as_ref().err().map_or("", String::as_str)))
         .str(
             "materials",
