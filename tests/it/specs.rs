@@ -638,6 +638,17 @@ fn guided_groups_without_guidance_is_refused() {
     learn_accepts(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
 }
 
+/// `verify.plan` writes into the verifier's search loop: with the materials in the verifier's
+/// prompt there is no response to open with a plan, so it is refused, naming the key.
+#[test]
+fn a_verifier_plan_without_searching_is_refused() {
+    learn_refuses(
+        &["stages.verify.plan=true", "stages.verify.reads=prompt"],
+        "stages.verify.plan: writes into the verifier's search loop",
+    );
+    learn_accepts(&["stages.verify.plan=true"]);
+}
+
 /// `min_substitutes` draws from `fallback_questions` in place of the reuse pool: without them,
 /// or without `invalid: reuse`, it is refused, naming the key.
 #[test]

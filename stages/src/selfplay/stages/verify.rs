@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
-use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops};
+use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, solve};
 use crate::agent::{AgentRun, Episode, Outcome, Role};
 use crate::data::datasets::load_questions;
 use crate::data::metrics::{contains_answer, exact_match};
@@ -141,6 +141,14 @@ pub struct VerifyConfig {
     /// proposer's (default 0, SSP's way: the pool first).
     #[serde(default)]
     pub min_substitutes: usize,
+    /// With `reads: search`, the verifier's response opens with the plan of the question's
+    /// chain, as a plan-guided solver rollout's does (`solve.guidance: plan`; questions in the
+    /// generated world's grammar, the others unplanned): the check then asks whether the
+    /// materials answer the question once its hops are laid out, as a larger verifier would lay
+    /// them out itself. The policy verifies as the solver it is, and a solver shown two hops
+    /// never searched a third: it rejected every right three- and four-hop question.
+    #[serde(default)]
+    pub plan: bool,
 }
 
 fn seventy() -> usize {
@@ -219,6 +227,13 @@ fn accepted_hops(asks: Option<(&str, u64)>, target: &str, requested: u64) -> Opt
 /// Where the solver's questions come from, in the order `step_metrics` lists their shares.
 const SOURCES: [&str; 4] = ["proposed", "reused", "substitute", "dummy"];
 
+/// The verifier's episode for `question` when it reads by searching: with `plan`, opening with
+/// the plan of the question's chain where the world's grammar reads one.
+fn verifier_episode(prompt: String, seed: u64, question: Option<&str>, plan: bool) -> Episode {
+    let written = if plan { question.and_then(solve::plan) } else { None };
+    Episode { prompt, seed, written }
+}
+
 fn verifications_batch(rows: &[Verification]) -> Result<RecordBatch, ArrowError> {
     Columns::default()
         .u64("item", 0..rows.len() as u64)
@@ -293,6 +308,12 @@ impl Stage for Verify {
             problems.push(ConfigProblem::new(
                 "min_substitutes",
                 "replaces invalid proposals only with `invalid: reuse`: set it, or remove the key",
+            ));
+        }
+        if config.plan && config.reads != MaterialsAccess::Search {
+            problems.push(ConfigProblem::new(
+                "plan",
+                "writes into the verifier's search loop: set `reads: search`, or remove the key",
             ));
         }
         if problems.is_empty() { Ok(Verify { config, fallback: LoadOnce::default() }) } else { Err(problems) }
@@ -385,7 +406,7 @@ impl Stage for Verify {
                         ("question", questions[i].unwrap_or_default().to_string()),
                         ("skills", String::new()),
                     ])));
-                    let seed = cx.seed(i as u64);
+                    let episode = verifier_episode(prompt, cx.seed(i as u64), questions[i], self.config.plan);
                     async move {
                         let agent = AgentRun {
                             role: Role::Solver,
@@ -395,7 +416,7 @@ impl Stage for Verify {
                             limits,
                             sampling: Sampling::GREEDY,
                         };
-                        let trajectory = agent.run(&[Episode::new(prompt, seed)]).await?.pop();
+                        let trajectory = agent.run(&[episode]).await?.pop();
                         Ok::<_, crate::agent::AgentError>(match trajectory.map(|t| t.outcome) {
                             Some(Outcome::Final(answer)) => answer,
                             _ => String::new(),
@@ -534,7 +555,25 @@ impl Stage for Verify {
 
 #[cfg(test)]
 mod tests {
-    use super::accepted_hops;
+    use super::{accepted_hops, verifier_episode};
+    use crate::selfplay::stages::solve;
+
+    #[test]
+    fn a_planned_verifier_opens_with_the_questions_chain_where_the_world_reads_one() {
+        let question = "In which country is the city where the employer of the author of The Crimson Lantern of Katan is headquartered?";
+        let planned = verifier_episode("p".into(), 7, Some(question), true);
+        let expected = solve::plan(question).expect("a question of the world's grammar");
+        assert!(
+            expected.opening.contains("I need the author of The Crimson Lantern of Katan, then"),
+            "{}",
+            expected.opening
+        );
+        assert_eq!(planned.written, Some(expected));
+        assert_eq!((planned.prompt.as_str(), planned.seed), ("p", 7));
+        // Outside the grammar, or without `plan`: the verifier's own response.
+        assert_eq!(verifier_episode("p".into(), 7, Some("What colour is the sky above Mibri?"), true).written, None);
+        assert_eq!(verifier_episode("p".into(), 7, Some(question), false).written, None);
+    }
 
     #[test]
     fn an_accepted_question_has_the_depth_its_world_gives_it() {
