@@ -1,6 +1,7 @@
 //! `verify`: the RAG check. A verifier answers each valid question from the proposer's own
 //! materials plus documents from other proposals as noise, without searching (SSP), or by the
-//! solver's own loop whose searches reach only those documents (`reads: search`); the question is
+//! solver's own loop whose searches reach only those documents (`reads: search`, with `plan`
+//! opening its response with the question's hops as plan guidance writes them); the question is
 //! accepted on exact match, or when the judge says the answer matches. Invalid or rejected
 //! proposals are replaced by a reused question, a substitute, a dummy, or nothing, as
 //! configured; each solver question's `source` and hop count are recorded, and the step's
