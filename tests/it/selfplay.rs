@@ -37,7 +37,7 @@ fn decode(code: &str) -> String {
 }
 
 /// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
-/// answer and the answer is not in the question); a third of solver rollouts answer wrongly,
+/// answer and the answer is not in the question), some in the world's grammar; a third of solver rollouts answer wrongly,
 /// by seed, so success rates vary, and a fifth search twice; a SECRET- word (only evaluation questions have one) is
 /// decoded only with skills in the prompt, so memory shows in evaluations; the distillation judge writes two skills per batch, the
 /// second quoting the first failure's answer (a leak admission must reject).
@@ -67,6 +67,8 @@ fn script(context: &str, seed: u64) -> String {
             1 => format!("<search>entity {}</search>", encode(target)),
             // Targets of odd length leak the answer: those proposals are invalid.
             _ if target.len() % 2 == 1 => format!("<question>Which entity is {target} in this world?</question>"),
+            // Some read in the generated world's grammar (a one-hop question about the code word).
+            _ if target.len() % 4 == 0 => format!("<question>Who is CODE-{} married to?</question>", encode(target)),
             _ => format!("<question>Which entity hides behind the word CODE-{} here?</question>", encode(target)),
         };
     }
@@ -77,7 +79,7 @@ fn script(context: &str, seed: u64) -> String {
     // A fifth of the solver's turns after a first search search again (past the need at one
     // hop, for `excess_search_cost`); a hinted rollout answers after one, as it always has.
     if searched == 1 && seed % 5 == 4 && !context.contains("Hint: ") {
-        return format!("<search>more on {question}</search>");
+        return format!("<search>{question} more</search>");
     }
     if let Some(secret) = question.split_whitespace().find_map(|w| w.strip_prefix("SECRET-")) {
         return match context.contains("Search strategies that helped") {
@@ -590,6 +592,53 @@ async fn the_verifier_can_answer_by_searching_the_materials_alone() {
     assert!(accepted > 0, "some proposals were verified by searching");
 }
 
+/// `plan: true` beside `reads: search`: the verifier's response opens with the plan of the
+/// question's chain where the question reads in the world's grammar, and with nothing written
+/// where it does not; it still searches the materials and its answer still decides acceptance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_verifier_opens_with_the_chain_of_questions_in_the_worlds_grammar() {
+    let verify = "verify: {kind: verify, after: [propose], noise: 2, invalid: reuse, reads: search, plan: true}";
+    let (lp, tables) = run_loop(&[
+        ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify),
+        ("  solve: {kind: solve, after: [verify], n_rollouts: 3}\n", ""),
+        ("  reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}\n", ""),
+        ("  collect: {kind: collect, after: [reward]}\n", ""),
+        ("  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}\n", ""),
+    ])
+    .await;
+    let contexts = lp.contexts.lock().unwrap();
+    let (mut planned, mut unplanned) = (0, 0);
+    for context in contexts.iter().filter(|c| c.contains("You answer questions by searching")) {
+        let question = after_last(context, "Question: ", "<|im_end|>");
+        let response = context.rsplit_once("<|im_start|>assistant\n").map_or("", |(_, r)| r);
+        match World::read_question(question) {
+            Some((start, relations)) => {
+                assert_eq!(relations, ["spouse"], "{question}");
+                let plan = format!("<think>I need the spouse of {start}.</think>\n");
+                assert!(response.starts_with(&plan), "{response:?} opens without {plan:?}");
+                planned += 1;
+            }
+            None => {
+                assert!(!response.contains("I need the"), "{question}: {response:?}");
+                unplanned += 1;
+            }
+        }
+    }
+    assert!(planned > 0 && unplanned > 0, "{planned} planned and {unplanned} unplanned verifier turns");
+    let mut accepted_in_grammar = 0;
+    for (_, batch) in &tables["verifications"] {
+        let flags =
+            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let (targets, answers, questions) =
+            (strings(batch, "target"), strings(batch, "verifier_answer"), strings(batch, "question"));
+        for i in (0..batch.num_rows()).filter(|&i| flags.value(i) && !questions[i].is_empty()) {
+            assert_eq!(answers[i], targets[i]);
+            accepted_in_grammar += usize::from(World::read_question(&questions[i]).is_some());
+        }
+    }
+    assert!(accepted_in_grammar > 0, "a planned verifier accepted a question of the world's grammar");
+}
+
 /// Where the solver's questions come from and how each depth fares, per step: the shares of
 /// `source_*` add up to the verifications' sources, and every per-hop metric is the mean over
 /// its hop count of the rows it summarises.
@@ -1028,9 +1077,10 @@ async fn rule_distillation_admits_masked_skills_without_a_model() {
         .filter(|(event, _)| event != "retrieved")
         .collect();
     assert!(!distilled.is_empty(), "no induced skill was admitted: {events:?}");
+    let masked = ["Which entity hides behind the word <entity> here?", "Who is <entity> married to?"];
     for (trigger, template) in &distilled {
-        assert_eq!(trigger, "Which entity hides behind the word <entity> here?");
-        assert_eq!(template, "Which entity hides behind the word <entity> here?");
+        assert!(masked.contains(&trigger.as_str()), "{trigger}");
+        assert_eq!(template, trigger);
     }
     let failures = &tables["failures"];
     assert!(failures.iter().all(|(_, b)| b.column_by_name("solved_searches").is_some()));
@@ -1046,7 +1096,12 @@ async fn rule_distillation_admits_masked_skills_without_a_model() {
         .map(|(_, trigger)| trigger)
         .collect();
     assert!(!exemplars.is_empty());
-    assert!(exemplars.iter().all(|t| t.starts_with("Which entity hides behind the word CODE-")), "{exemplars:?}");
+    assert!(
+        exemplars
+            .iter()
+            .all(|t| t.starts_with("Which entity hides behind the word CODE-") || t.starts_with("Who is CODE-")),
+        "{exemplars:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
