@@ -540,21 +540,26 @@ async fn distinct_pool_draws_reuse_each_question_once_a_step() {
     );
 }
 
-/// With `reads: search` the verifier plays the solver's own loop, its searches answered from
-/// the proposals' materials alone: no verifier prompt is rendered, every passage it reads was
-/// retrieved by a proposer that step, and what it answers decides acceptance as before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_verifier_can_answer_by_searching_the_materials_alone() {
-    let verify = "verify: {kind: verify, after: [propose], noise: 2, invalid: reuse, reads: search}";
-    // Only the verifier plays the solver here: no solve stage, nor what follows it.
-    let (lp, tables) = run_loop(&[
+/// SPEC with `verify` as its verify stage and nothing after it: only the verifier plays the
+/// solver, with no solve stage nor what follows it.
+async fn run_verifier_alone(verify: &str) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
+    run_loop(&[
         ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify),
         ("  solve: {kind: solve, after: [verify], n_rollouts: 3}\n", ""),
         ("  reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}\n", ""),
         ("  collect: {kind: collect, after: [reward]}\n", ""),
         ("  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}\n", ""),
     ])
-    .await;
+    .await
+}
+
+/// With `reads: search` the verifier plays the solver's own loop, its searches answered from
+/// the proposals' materials alone: no verifier prompt is rendered, every passage it reads was
+/// retrieved by a proposer that step, and what it answers decides acceptance as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verifier_can_answer_by_searching_the_materials_alone() {
+    let verify = "verify: {kind: verify, after: [propose], noise: 2, invalid: reuse, reads: search}";
+    let (lp, tables) = run_verifier_alone(verify).await;
     let mut retrieved = std::collections::BTreeSet::new();
     for (_, batch) in &tables["proposals"] {
         for materials in strings(batch, "materials") {
@@ -598,14 +603,7 @@ async fn the_verifier_can_answer_by_searching_the_materials_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_verifier_opens_with_the_chain_of_questions_in_the_worlds_grammar() {
     let verify = "verify: {kind: verify, after: [propose], noise: 2, invalid: reuse, reads: search, plan: true}";
-    let (lp, tables) = run_loop(&[
-        ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify),
-        ("  solve: {kind: solve, after: [verify], n_rollouts: 3}\n", ""),
-        ("  reward: {kind: reward, after: [solve], proposer: {shape: frontier, lambda: 0.5}}\n", ""),
-        ("  collect: {kind: collect, after: [reward]}\n", ""),
-        ("  consolidate: {kind: consolidate, after: [collect], schedule: {every: 2}, min_failures: 1, batch: 2}\n", ""),
-    ])
-    .await;
+    let (lp, tables) = run_verifier_alone(verify).await;
     let contexts = lp.contexts.lock().unwrap();
     let (mut planned, mut unplanned) = (0, 0);
     for context in contexts.iter().filter(|c| c.contains("You answer questions by searching")) {
