@@ -68,7 +68,9 @@ fn script(context: &str, seed: u64) -> String {
             // Targets of odd length leak the answer: those proposals are invalid.
             _ if target.len() % 2 == 1 => format!("<question>Which entity is {target} in this world?</question>"),
             // Some read in the generated world's grammar (a one-hop question about the code word).
-            _ if target.len() % 4 == 0 => format!("<question>Who is CODE-{} married to?</question>", encode(target)),
+            _ if target.len().is_multiple_of(4) => {
+                format!("<question>Who is CODE-{} married to?</question>", encode(target))
+            }
             _ => format!("<question>Which entity hides behind the word CODE-{} here?</question>", encode(target)),
         };
     }
