@@ -294,9 +294,7 @@ impl<'a> Packed<'a> {
             .zip(&positions)
             .map(|(s, p)| &s.tokens[..p.last().map_or(s.tokens.len(), |last| last + 1)])
             .collect();
-        let shapes: Vec<(&[u32], Option<usize>)> =
-            tokens.iter().zip(&positions).map(|(&t, p)| (t, p.first().copied())).collect();
-        let micro_batches = micro_batches(&shapes, budget.max(1));
+        let micro_batches = micro_batches(&tokens, budget.max(1));
         Packed { positions, tokens, micro_batches }
     }
 

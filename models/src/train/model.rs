@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use super::gemm::{Out, SharedMut, View, gemm, gemm_serial};
-use super::packing::{Segment, prob_offsets, sharing_groups};
+use super::packing::{Layout, Segment, prob_offsets};
 use crate::kernels::exp_in_place;
 use crate::weights::{BlockWeights, LlamaShape, LlamaWeights};
 
@@ -224,32 +224,17 @@ impl TrainModel {
                 previous = p;
             }
         }
-        let mut tokens = Vec::new();
-        let mut segments = Vec::new();
-        let mut positions = Vec::new();
+        let sequences: Vec<&[u32]> = examples.iter().map(|e| e.tokens).collect();
+        let layout = Layout::new(&sequences);
         let mut scored_rows = Vec::new();
         let mut scored_targets = Vec::new();
-        let shapes: Vec<(&[u32], Option<usize>)> =
-            examples.iter().map(|e| (e.tokens, e.positions.first().copied())).collect();
-        for (group, shared) in sharing_groups(&shapes) {
-            let prefix_start = tokens.len();
-            if shared > 0 {
-                tokens.extend_from_slice(&examples[group.start].tokens[..shared]);
-                positions.extend(0..shared);
-                segments.push(Segment { start: prefix_start, len: shared, prefix_start, prefix_len: 0 });
-            }
-            for example in &examples[group] {
-                let start = tokens.len();
-                for &p in example.positions {
-                    // `p − 1 ≥ shared`: a prefix stops before the first scored row.
-                    scored_rows.push(start + p - 1 - shared);
-                    scored_targets.push(example.tokens[p]);
-                }
-                tokens.extend_from_slice(&example.tokens[shared..]);
-                positions.extend(shared..example.tokens.len());
-                segments.push(Segment { start, len: example.tokens.len() - shared, prefix_start, prefix_len: shared });
+        for (e, example) in examples.iter().enumerate() {
+            for &p in example.positions {
+                scored_rows.push(layout.row(e, p - 1));
+                scored_targets.push(example.tokens[p]);
             }
         }
+        let Layout { tokens, positions, segments, .. } = layout;
         let n = tokens.len();
         let mut x = Vec::with_capacity(n * hidden);
         for &t in &tokens {
@@ -504,9 +489,14 @@ impl TrainModel {
         let (probs_len, attended_len) = (probs.len(), attended.len());
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
         jobs.par_iter().for_each(|&(e, head)| {
-            let Segment { start, len, prefix_start, prefix_len } = segments[e];
-            let width = segments[e].width();
+            let segment = &segments[e];
+            let (start, len, prefix_len, width) = (segment.start, segment.len, segment.prefix_len, segment.width());
             let kv_offset = (head / group) * head_dim;
+            let (mut key_buffer, mut value_buffer) = (Vec::new(), Vec::new());
+            let (prefix_keys, key_row, key_at) =
+                prefix_head(k, kv_width, kv_offset, head_dim, segment, &mut key_buffer);
+            let (prefix_values, value_row, value_at) =
+                prefix_head(v, kv_width, kv_offset, head_dim, segment, &mut value_buffer);
             // SAFETY: each job writes its own segment's head block of `probs` and its own
             // (rows, head columns) of `attended`.
             let p = unsafe { std::slice::from_raw_parts_mut(probs_ptr.get(), probs_len) };
@@ -520,7 +510,7 @@ impl TrainModel {
                     head_dim,
                     prefix_len,
                     queries,
-                    View::transposed(k, kv_width).at(prefix_start * kv_width + kv_offset),
+                    View::transposed(prefix_keys, key_row).at(key_at),
                     0.0,
                     Out { data: block, offset: 0, row: width },
                 );
@@ -550,7 +540,7 @@ impl TrainModel {
                     prefix_len,
                     head_dim,
                     View::rows(block, width),
-                    View::rows(v, kv_width).at(prefix_start * kv_width + kv_offset),
+                    View::rows(prefix_values, value_row).at(value_at),
                     0.0,
                     Out { data: out, offset: out_at, row: hidden },
                 );
@@ -617,8 +607,9 @@ impl TrainModel {
         }
         drop(dlogits);
         let mut dnormed = vec![0.0f32; n * hidden];
+        // A shared row scored for several sequences adds up their gradients.
         for (i, &r) in tape.scored_rows.iter().enumerate() {
-            dnormed[r * hidden..][..hidden].copy_from_slice(&dscored[i * hidden..][..hidden]);
+            dnormed[r * hidden..][..hidden].iter_mut().zip(&dscored[i * hidden..][..hidden]).for_each(|(d, g)| *d += g);
         }
         let mut dx = vec![0.0f32; n * hidden];
         let output_norm_grad = grads.base.as_mut().map(|b| &mut b.output_norm);
@@ -701,12 +692,17 @@ impl TrainModel {
         let partials: Vec<[Vec<f32>; 4]> = jobs
             .par_iter()
             .map(|&(e, head)| {
-                let Segment { start, len, prefix_start, prefix_len } = segments[e];
-                let width = segments[e].width();
+                let segment = &segments[e];
+                let (start, len, prefix_len, width) = (segment.start, segment.len, segment.prefix_len, segment.width());
                 let kv_offset = (head / group) * head_dim;
                 let probs = &t.probs[offsets[e * heads + head]..][..len * width];
                 let q_at = start * hidden + head * head_dim;
-                let (kv_at, prefix_at) = (start * kv_width + kv_offset, prefix_start * kv_width + kv_offset);
+                let kv_at = start * kv_width + kv_offset;
+                let (mut key_buffer, mut value_buffer) = (Vec::new(), Vec::new());
+                let (prefix_keys, key_row, key_at) =
+                    prefix_head(&t.k, kv_width, kv_offset, head_dim, segment, &mut key_buffer);
+                let (prefix_values, value_row, value_at) =
+                    prefix_head(&t.v, kv_width, kv_offset, head_dim, segment, &mut value_buffer);
                 let d_out = View::rows(dattended, hidden).at(q_at);
                 let zeros = |rows: usize| vec![0.0f32; rows * head_dim];
                 let (mut dk, mut dv, mut dk_prefix, mut dv_prefix) =
@@ -731,7 +727,7 @@ impl TrainModel {
                     head_dim,
                     prefix_len,
                     d_out,
-                    values_t.at(prefix_at),
+                    View::transposed(prefix_values, value_row).at(value_at),
                     0.0,
                     Out { data: &mut dscores, offset: 0, row: width },
                 );
@@ -762,7 +758,7 @@ impl TrainModel {
                         prefix_len,
                         head_dim,
                         View::rows(&dscores, width),
-                        keys.at(prefix_at),
+                        View::rows(prefix_keys, key_row).at(key_at),
                         0.0,
                         Out { data: dq, offset: q_at, row: hidden },
                     );
@@ -793,11 +789,15 @@ impl TrainModel {
         let mut dk = vec![0.0f32; t.k.len()];
         let mut dv = vec![0.0f32; t.v.len()];
         for (&(e, head), [pk, pv, pk_prefix, pv_prefix]) in jobs.iter().zip(&partials) {
-            let segment = segments[e];
+            let segment = &segments[e];
             let kv_offset = (head / group) * head_dim;
-            for (first, k_rows, v_rows) in [(segment.start, pk, pv), (segment.prefix_start, pk_prefix, pv_prefix)] {
-                for (row, (k, v)) in k_rows.chunks_exact(head_dim).zip(v_rows.chunks_exact(head_dim)).enumerate() {
-                    let at = (first + row) * kv_width + kv_offset;
+            let own: Vec<usize> = (segment.start..segment.start + segment.len).collect();
+            let prefix: Vec<usize> = segment.prefix_rows().collect();
+            for (rows, k_rows, v_rows) in [(own, pk, pv), (prefix, pk_prefix, pv_prefix)] {
+                for (row, (k, v)) in
+                    rows.into_iter().zip(k_rows.chunks_exact(head_dim).zip(v_rows.chunks_exact(head_dim)))
+                {
+                    let at = row * kv_width + kv_offset;
                     dk[at..at + head_dim].iter_mut().zip(k).for_each(|(d, x)| *d += x);
                     dv[at..at + head_dim].iter_mut().zip(v).for_each(|(d, x)| *d += x);
                 }
@@ -805,6 +805,27 @@ impl TrainModel {
         }
         (dq, dk, dv)
     }
+}
+
+/// One key/value head's columns of a segment's prefix rows in `x` (the layer's keys or values,
+/// rows `kv_width` apart), as `(data, row stride, offset)` of a row-major matrix: the layer's own
+/// rows when the prefix is one run of rows, else a copy gathered into `buffer` (a path through
+/// the prefix tree is several runs; the copy is small beside the products that read it).
+fn prefix_head<'a>(
+    x: &'a [f32],
+    kv_width: usize,
+    kv_offset: usize,
+    head_dim: usize,
+    segment: &Segment,
+    buffer: &'a mut Vec<f32>,
+) -> (&'a [f32], usize, usize) {
+    if let [run] = segment.prefix.as_slice() {
+        return (x, kv_width, run.start * kv_width + kv_offset);
+    }
+    for row in segment.prefix_rows() {
+        buffer.extend_from_slice(&x[row * kv_width + kv_offset..][..head_dim]);
+    }
+    (buffer.as_slice(), head_dim, 0)
 }
 
 /// Rows per block of a segment's attention to itself. Each block's products stop at the last

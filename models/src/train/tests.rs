@@ -195,14 +195,26 @@ fn a_hugging_face_round_trip_keeps_every_log_probability() {
     assert_eq!(logprobs(back), logprobs(weights));
 }
 
-/// A GRPO group's shape: four rollouts of one prompt (its last token included in each
-/// continuation), scored on their responses, then an unrelated sequence.
+/// A GRPO group's shape: six rollouts of one prompt, scored on their responses, of which
+/// three share a first turn (nine tokens, scored) and two another (seventeen), then an
+/// unrelated sequence. The second shared turn's rows are not next to the prompt's, so its
+/// rollouts attend to two runs of rows before their own.
 fn group_of_rollouts() -> Vec<TrainSequence> {
-    let prompt: Vec<u32> = (0..packing::MIN_SHARED as u32 + 6).map(|t| (t * 5 + 1) % 16).collect();
-    let mut sequences: Vec<TrainSequence> = (0..4u32)
-        .map(|r| {
-            let mut tokens = prompt.clone();
-            tokens.extend((0..3 + r).map(|t| (t * 3 + r * 7) % 16));
+    let prompt: Vec<u32> = (0..packing::MIN_SAVED as u32 + 6).map(|t| (t * 5 + 1) % 16).collect();
+    let first_a: Vec<u32> = (0..9).map(|t| (t * 7 + 3) % 16).collect();
+    let first_b: Vec<u32> = (0..17).map(|t| (t * 5 + 2) % 16).collect();
+    let continuations: [(&[u32], &[u32]); 6] = [
+        (&first_a, &[1, 2, 3]),
+        (&first_a, &[4, 5]),
+        (&first_a, &[6, 7, 8, 9]),
+        (&[], &[10, 11, 12]),
+        (&first_b, &[13, 14]),
+        (&first_b, &[15, 0, 1]),
+    ];
+    let mut sequences: Vec<TrainSequence> = continuations
+        .iter()
+        .map(|(turn, rest)| {
+            let tokens: Vec<u32> = [prompt.as_slice(), turn, rest].concat();
             let mask = (0..tokens.len()).map(|t| u8::from(t >= prompt.len())).collect();
             TrainSequence { tokens, mask }
         })
@@ -213,7 +225,7 @@ fn group_of_rollouts() -> Vec<TrainSequence> {
 }
 
 #[test]
-fn a_shared_prompt_runs_once_and_gives_the_gradient_of_separate_sequences() {
+fn shared_rows_run_once_and_give_the_gradient_of_separate_sequences() {
     for lora in [false, true] {
         let weights = random(tiny_shape(), true, 11);
         let mut model = TrainModel::new(weights.clone());
@@ -233,11 +245,10 @@ fn a_shared_prompt_runs_once_and_gives_the_gradient_of_separate_sequences() {
             .enumerate()
             .map(|(e, p)| (0..p.len()).map(|i| ((e * 3 + i) % 7) as f32 * 0.3 - 0.9).collect())
             .collect();
-        // Together: the prompt's rows once.
+        // Together: the prompt (22 rows) and the two shared turns (9, 17) once, then each
+        // sequence's own rows.
         let tape = model.forward(&examples, 0.8).unwrap();
-        let total: usize = sequences.iter().map(|s| s.tokens.len()).sum();
-        let prompt = positions[0][0];
-        assert_eq!(tape.rows(), total - 3 * (prompt - 1), "the prompt less its last token, once");
+        assert_eq!(tape.rows(), 22 + 9 + (3 + 2 + 4) + 3 + 17 + (2 + 3) + 9);
         let together = tape.logprobs.clone();
         let mut shared = model.zero_grads();
         model.backward(tape, &dlogp, &mut shared).unwrap();
