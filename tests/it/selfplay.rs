@@ -38,8 +38,9 @@ fn decode(code: &str) -> String {
 
 /// Plays every role. Proposals hide the target as a reversed code word (so the verifier can
 /// answer and the answer is not in the question), some in the world's grammar; a third of
-/// solver rollouts answer wrongly, by seed, so success rates vary, and a fifth search twice; a SECRET- word (only evaluation questions have one) is
-/// decoded only with skills in the prompt, so memory shows in evaluations; the distillation judge writes two skills per batch, the
+/// solver rollouts answer wrongly, by seed, so success rates vary, and a fifth search twice; a
+/// SECRET- word (only evaluation questions have one) is decoded only with skills in the prompt,
+/// so memory shows in evaluations; the distillation judge writes two skills per batch, the
 /// second quoting the first failure's answer (a leak admission must reject).
 fn script(context: &str, seed: u64) -> String {
     let response = context.rsplit_once("<|im_start|>assistant\n").map_or("", |(_, r)| r);

@@ -490,7 +490,7 @@ impl TrainModel {
         let jobs: Vec<(usize, usize)> = (0..segments.len()).flat_map(|e| (0..heads).map(move |h| (e, h))).collect();
         jobs.par_iter().for_each(|&(e, head)| {
             let segment = &segments[e];
-            let (start, len, prefix_len, width) = (segment.start, segment.len, segment.prefix_len, segment.width());
+            let (start, len, prefix_len, width) = (segment.start, segment.len, segment.prefix_len(), segment.width());
             let kv_offset = (head / group) * head_dim;
             let (mut key_buffer, mut value_buffer) = (Vec::new(), Vec::new());
             let (prefix_keys, key_row, key_at) =
@@ -693,7 +693,8 @@ impl TrainModel {
             .par_iter()
             .map(|&(e, head)| {
                 let segment = &segments[e];
-                let (start, len, prefix_len, width) = (segment.start, segment.len, segment.prefix_len, segment.width());
+                let (start, len, prefix_len, width) =
+                    (segment.start, segment.len, segment.prefix_len(), segment.width());
                 let kv_offset = (head / group) * head_dim;
                 let probs = &t.probs[offsets[e * heads + head]..][..len * width];
                 let q_at = start * hidden + head * head_dim;
@@ -791,17 +792,15 @@ impl TrainModel {
         for (&(e, head), [pk, pv, pk_prefix, pv_prefix]) in jobs.iter().zip(&partials) {
             let segment = &segments[e];
             let kv_offset = (head / group) * head_dim;
-            let own: Vec<usize> = (segment.start..segment.start + segment.len).collect();
-            let prefix: Vec<usize> = segment.prefix_rows().collect();
-            for (rows, k_rows, v_rows) in [(own, pk, pv), (prefix, pk_prefix, pv_prefix)] {
-                for (row, (k, v)) in
-                    rows.into_iter().zip(k_rows.chunks_exact(head_dim).zip(v_rows.chunks_exact(head_dim)))
-                {
+            let mut add = |rows: &mut dyn Iterator<Item = usize>, k_rows: &[f32], v_rows: &[f32]| {
+                for (row, (k, v)) in rows.zip(k_rows.chunks_exact(head_dim).zip(v_rows.chunks_exact(head_dim))) {
                     let at = row * kv_width + kv_offset;
                     dk[at..at + head_dim].iter_mut().zip(k).for_each(|(d, x)| *d += x);
                     dv[at..at + head_dim].iter_mut().zip(v).for_each(|(d, x)| *d += x);
                 }
-            }
+            };
+            add(&mut (segment.start..segment.start + segment.len), pk, pv);
+            add(&mut segment.prefix_rows(), pk_prefix, pv_prefix);
         }
         (dq, dk, dv)
     }
@@ -810,7 +809,8 @@ impl TrainModel {
 /// One key/value head's columns of a segment's prefix rows in `x` (the layer's keys or values,
 /// rows `kv_width` apart), as `(data, row stride, offset)` of a row-major matrix: the layer's own
 /// rows when the prefix is one run of rows, else a copy gathered into `buffer` (a path through
-/// the prefix tree is several runs; the copy is small beside the products that read it).
+/// the prefix tree is several runs; each job gathers its own head's columns, a small copy beside
+/// the products that read it).
 fn prefix_head<'a>(
     x: &'a [f32],
     kv_width: usize,

@@ -28,14 +28,17 @@ pub(crate) struct Segment {
     pub len: usize,
     /// The runs of rows it attends to first, from the root down.
     pub prefix: Vec<Range<usize>>,
-    /// Rows in `prefix`.
-    pub prefix_len: usize,
 }
 
 impl Segment {
     /// Keys each of its rows may see at most: the prefix's and its own.
     pub fn width(&self) -> usize {
-        self.prefix_len + self.len
+        self.prefix_len() + self.len
+    }
+
+    /// Rows in its prefix.
+    pub fn prefix_len(&self) -> usize {
+        self.prefix.iter().map(Range::len).sum()
     }
 
     /// The rows of its prefix, in the order its attention reads them.
@@ -155,12 +158,7 @@ impl Layout {
                 self.rows_of[s][position] = start + offset;
             }
         }
-        self.segments.push(Segment {
-            start,
-            len: range.len(),
-            prefix: path.to_vec(),
-            prefix_len: path.iter().map(Range::len).sum(),
-        });
+        self.segments.push(Segment { start, len: range.len(), prefix: path.to_vec() });
         start..start + range.len()
     }
 }
@@ -231,7 +229,7 @@ mod tests {
         // once (20), then each sequence's own rows: 3, 2, 3, and the second question's 12.
         assert_eq!(layout.rows(), 20 + 10 + 20 + 3 + 2 + 3 + 12);
         let starts: Vec<(usize, usize, usize)> =
-            layout.segments.iter().map(|g| (g.start, g.len, g.prefix_len)).collect();
+            layout.segments.iter().map(|g| (g.start, g.len, g.prefix_len())).collect();
         assert_eq!(
             starts,
             vec![(0, 20, 0), (20, 10, 20), (30, 20, 30), (50, 3, 50), (53, 2, 50), (55, 3, 30), (58, 12, 20)]
