@@ -62,6 +62,10 @@ fn script(context: &str, seed: u64) -> String {
     }
     if context.contains("You write quiz questions") {
         let target = after_last(context, "Answer: ", ". Searches needed");
+        // A search opened for it by guidance.
+        if response.ends_with("<search>") {
+            return format!("{target} once more</search>");
+        }
         return match searched {
             0 => format!("<search>{target}</search>"),
             // A second search, which a hint can name without giving the answer away.
@@ -165,7 +169,7 @@ fn resources_with(
         judge,
         search: Arc::new(Arc::new(Bm25Index::open(&dir.join("index")).unwrap())),
         top_k: 2,
-        agent: serde_yaml::from_str::<AgentSection>("{max_turns: 3, sampling: {temperature: 1.0}}").unwrap(),
+        agent: serde_yaml::from_str::<AgentSection>("{max_turns: 4, sampling: {temperature: 1.0}}").unwrap(),
         templates: Templates {
             solver: load("solver_small.yaml", SOLVER_PROMPT).unwrap(),
             proposer: load("proposer_small.yaml", PROPOSER_PROMPT),
@@ -933,6 +937,48 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     assert_eq!(planned as u64, guided_turns);
     let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
     for table in ["verifications", "rollouts", "rewards"] {
+        assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
+    }
+}
+
+/// `propose.guidance: searches`: the script opens its question after two searches, where the
+/// rules need three; each proposal gets one search opened for it, writes the query itself, is
+/// recorded guided with the written tag marked, and resumes identically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposer_guidance_opens_the_searches_a_proposal_owes() {
+    let edits =
+        [("rules: {min_words: 4, min_searches: 1}", "rules: {min_words: 4, min_searches: 3}\n    guidance: searches")];
+    let (_lp, tables) = run_loop(&edits).await;
+    let mut checked = 0;
+    for (step, proposals) in &tables["proposals"] {
+        let (targets, responses) = (strings(proposals, "target"), strings(proposals, "response"));
+        let (written, searches, masks) =
+            (unsigned(proposals, "written_searches"), lists(proposals, "searches"), lists(proposals, "loss_mask"));
+        let flags =
+            proposals.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let valid =
+            proposals.column_by_name("valid").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        for i in 0..proposals.num_rows() {
+            assert_eq!((written[i], flags.value(i)), (1, true), "step {step}: {}", responses[i]);
+            assert_eq!(searches.value(i).len(), 3, "{}", responses[i]);
+            assert!(responses[i].contains(&format!("<search>{} once more</search>", targets[i])));
+            let mask = masks.value(i);
+            let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
+            assert_eq!(mask.iter().filter(|&m| m == Some(2)).count(), "<search>".len(), "a token per byte");
+            // Three distinct searches: only the targets that leak themselves are invalid.
+            assert_eq!(valid.value(i), targets[i].len() % 2 == 0, "{}", targets[i]);
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+    let hops: std::collections::BTreeSet<u64> =
+        tables["proposals"].iter().flat_map(|(_, p)| unsigned(p, "hops")).collect();
+    for h in hops {
+        let metrics = metric(&tables, &format!("written_searches_h{h}"));
+        assert!(!metrics.is_empty() && metrics.iter().all(|(_, n)| *n == 1.0), "{h} hops: {metrics:?}");
+    }
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
+    for table in ["proposals", "verifications", "rollouts", "rewards"] {
         assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
     }
 }

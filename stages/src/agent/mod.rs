@@ -74,6 +74,10 @@ pub struct Written {
     /// thinking from the written words and closes the thought itself: one thought a turn, as
     /// the model was shown.
     pub in_thought: Vec<Option<String>>,
+    /// Until the episode has searched this many times, a final tag the model opens is taken
+    /// back and `<search>` written in its place, so the model goes on to write a query: a
+    /// proposer asked for four hops that stops walking after two.
+    pub searches: usize,
 }
 
 impl Written {
@@ -87,7 +91,10 @@ impl Written {
 /// Where a thought ends: a turn with text to write into its thought stops there first.
 const THOUGHT_END: &str = "</think>";
 
-/// What [`AgentRun::reopen_thought`] took back.
+/// What [`Written::searches`] writes where the model opened its final tag too early.
+const SEARCH_OPEN: &str = "<search>";
+
+/// What [`AgentRun::take_back`] took back.
 struct Reopened {
     /// The response's text taken back: the tag, after what its first token held before it.
     taken_back: String,
@@ -176,6 +183,8 @@ pub struct Trajectory {
     pub precision: Option<Precision>,
     /// How the keys and values behind it were cached, where the spec chooses it.
     pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// Searches guidance opened where the model opened its final tag ([`Written::searches`]).
+    pub searches_written: usize,
 }
 
 impl Trajectory {
@@ -324,6 +333,7 @@ impl AgentRun<'_> {
             policy_version: self.policy.version(),
             precision: self.policy.precision(),
             kv_cache_dtype: self.policy.kv_cache_dtype(),
+            searches_written: 0,
         };
         if let Some(written) = &episode.written {
             self.write(&mut trajectory, &written.opening).await?;
@@ -337,20 +347,30 @@ impl AgentRun<'_> {
             };
             let stop_at_thought =
                 episode.written.as_ref().is_some_and(|w| w.in_thought.get(turn).is_some_and(Option::is_some));
+            // The final tag's opening, while the episode owes searches and a search could still
+            // run (one asked for on the last turn is not).
+            let final_open = format!("<{}>", self.role.final_tag());
+            let last_turn = turn + 1 == self.limits.max_turns;
+            let searches_owed =
+                !last_turn && episode.written.as_ref().is_some_and(|w| trajectory.queries().len() < w.searches);
+            let early_final = searches_owed.then_some(final_open.as_str());
             let seed = turn_seed(episode.seed, turn);
+            let stops: Vec<&str> = stop_at_thought.then_some(THOUGHT_END).into_iter().chain(early_final).collect();
             let (generation, mut tokens, mut generation_ms) =
-                self.generate(&mut trajectory, prompt_ids.as_deref(), seed, 0, stop_at_thought, busy).await?;
+                self.generate(&mut trajectory, prompt_ids.as_deref(), seed, 0, &stops, busy).await?;
             text.push_str(&generation.text);
             let mut finish = generation.finish;
-            let budget_left = trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
-                && tokens < self.limits.max_turn_tokens;
-            if stop_at_thought && text.ends_with(THOUGHT_END) && budget_left {
+            let budget_left = |trajectory: &Trajectory, tokens: usize| {
+                trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
+                    && tokens < self.limits.max_turn_tokens
+            };
+            if stop_at_thought && text.ends_with(THOUGHT_END) && budget_left(&trajectory, tokens) {
                 // The thought closed where written text may go: unless the model said it already,
                 // reopen the thought and write it there. Either way the model goes on with the
                 // turn, seeded apart.
                 let written = episode.written.as_ref().and_then(|w| w.for_thought(turn, &text));
                 if let Some(written) = written
-                    && let Some(reopened) = self.reopen_thought(&mut trajectory, tokens).await?
+                    && let Some(reopened) = self.take_back(&mut trajectory, tokens, THOUGHT_END).await?
                 {
                     text.truncate(text.len() - reopened.taken_back.len());
                     tokens -= reopened.tokens;
@@ -358,8 +378,25 @@ impl AgentRun<'_> {
                     self.write(&mut trajectory, &written).await?;
                     text.push_str(&written);
                 }
+                let stops: Vec<&str> = early_final.into_iter().collect();
                 let (more, more_tokens, more_ms) =
-                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 1, tokens, false, busy).await?;
+                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 1, tokens, &stops, busy).await?;
+                text.push_str(&more.text);
+                (finish, tokens, generation_ms) = (more.finish, tokens + more_tokens, generation_ms + more_ms);
+            }
+            if searches_owed && text.ends_with(&final_open) && budget_left(&trajectory, tokens) {
+                // The model opened its final tag before the searches it owes: the tag is taken
+                // back and a search opened in its place, for the model to write the query.
+                if let Some(reopened) = self.take_back(&mut trajectory, tokens, &final_open).await? {
+                    text.truncate(text.len() - reopened.taken_back.len());
+                    tokens -= reopened.tokens;
+                    let written = format!("{}{SEARCH_OPEN}", reopened.kept);
+                    self.write(&mut trajectory, &written).await?;
+                    text.push_str(&written);
+                    trajectory.searches_written += 1;
+                }
+                let (more, more_tokens, more_ms) =
+                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 2, tokens, &[], busy).await?;
                 text.push_str(&more.text);
                 (finish, tokens, generation_ms) = (more.finish, tokens + more_tokens, generation_ms + more_ms);
             }
@@ -372,7 +409,6 @@ impl AgentRun<'_> {
                 generation_ms,
                 search_ms: 0,
             });
-            let last_turn = turn + 1 == self.limits.max_turns;
             let query = match parse_turn(self.role, &text) {
                 TurnAction::Final(text) => return Ok(trajectory.ending(Outcome::Final(text))),
                 TurnAction::Malformed(error) => {
@@ -417,21 +453,19 @@ impl AgentRun<'_> {
     }
 
     /// One generation of a turn that has generated `in_turn` tokens so far, appended to the
-    /// trajectory as sampled; stopping also at the end of a thought when `stop_at_thought`.
-    /// Returns it, the tokens it generated and its wall time in milliseconds.
+    /// trajectory as sampled; stopping also at `stops`. Returns it, the tokens it generated and
+    /// its wall time in milliseconds.
     async fn generate(
         &self,
         trajectory: &mut Trajectory,
         prompt_ids: Option<&[u32]>,
         seed: u64,
         in_turn: usize,
-        stop_at_thought: bool,
+        stops: &[&str],
         busy: &BusyClock,
     ) -> Result<(Generation, usize, u64), AgentError> {
         let mut request = self.request(trajectory, prompt_ids, seed, in_turn);
-        if stop_at_thought {
-            request.stop.push(THOUGHT_END.to_string());
-        }
+        request.stop.extend(stops.iter().map(|stop| stop.to_string()));
         let clock = Instant::now();
         let generation = busy.time(Waiting::Policy, self.policy.generate(std::slice::from_ref(&request))).await?;
         let generation = generation.into_iter().next().ok_or_else(|| {
@@ -451,30 +485,31 @@ impl AgentRun<'_> {
         Ok((generation, tokens, generation_ms))
     }
 
-    /// Takes the closing `</think>` the model just sampled back out of the trajectory, looking
-    /// at most at the last `sampled` tokens; `None` when the tokens cannot be read back (the
-    /// backend cannot decode, or they do not spell the response's end).
+    /// Takes `tag`, which the model just sampled, back out of the trajectory, looking at most
+    /// at the last `sampled` tokens; `None` when the tokens cannot be read back (the backend
+    /// cannot decode, or they do not spell the response's end).
     ///
     /// Byte-level tokenizers merge runs of punctuation, so the tag usually ends tokens that
     /// began before it ("Orla.</think>" as "Orla", ".</", "think", ">"): what those tokens held
     /// before the tag is handed back to be written again.
-    async fn reopen_thought(
+    async fn take_back(
         &self,
         trajectory: &mut Trajectory,
         sampled: usize,
+        tag: &str,
     ) -> Result<Option<Reopened>, AgentError> {
         if !trajectory.tokens_exact {
-            let Some(kept) = trajectory.response.strip_suffix(THOUGHT_END) else { return Ok(None) };
+            let Some(kept) = trajectory.response.strip_suffix(tag) else { return Ok(None) };
             trajectory.response.truncate(kept.len());
-            return Ok(Some(Reopened { taken_back: THOUGHT_END.into(), kept: String::new(), tokens: 0 }));
+            return Ok(Some(Reopened { taken_back: tag.into(), kept: String::new(), tokens: 0 }));
         }
         let ids = &trajectory.token_ids;
         // Every token holds a byte at least, so at most as many tokens as the tag has bytes
         // spell it: one decode of the last few tokens per try, never of the whole turn.
-        for count in 1..=sampled.min(ids.len()).min(THOUGHT_END.len()) {
+        for count in 1..=sampled.min(ids.len()).min(tag.len()) {
             let Some(tail) = self.policy.decode(&ids[ids.len() - count..]).await? else { return Ok(None) };
-            let Some(at) = tail.rfind(THOUGHT_END) else { continue };
-            if at + THOUGHT_END.len() != tail.len() || !trajectory.response.ends_with(&tail) {
+            let Some(at) = tail.rfind(tag) else { continue };
+            if at + tag.len() != tail.len() || !trajectory.response.ends_with(&tail) {
                 return Ok(None);
             }
             let keep = ids.len() - count;

@@ -100,7 +100,7 @@ fn a_written_opening_is_continued_by_the_model_and_marked_as_written() {
         Some((_, rest)) => format!("<answer>{}</answer><|im_end|>", rest.split('"').next().unwrap()),
     };
     let opening = "<think>I need the capital.</think>\n<search>";
-    let written = Written { opening: opening.to_string(), in_thought: Vec::new() };
+    let written = Written { opening: opening.to_string(), in_thought: Vec::new(), searches: 0 };
     let episode = Episode { written: Some(written), ..episode(1) };
     let trajectory = run(finish_search, AgentLimits::default(), &[episode]).remove(0);
     assert_eq!(trajectory.queries(), ["capital of Veltria"]);
@@ -141,7 +141,7 @@ fn goes_on(context: &str, seed: u64) -> String {
 #[test]
 fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
     let next = " Next, the country of";
-    let written = Written { opening: String::new(), in_thought: vec![None, Some(next.to_string())] };
+    let written = Written { opening: String::new(), in_thought: vec![None, Some(next.to_string())], searches: 0 };
     let guided = Episode { written: Some(written), ..episode(1) };
     // A token per byte, and tokens that merge punctuation as byte-level BPE does: "Orla.</think>"
     // ends in ".</", "think", ">"; the "." taken back with the tag is written again.
@@ -196,6 +196,64 @@ fn text_written_into_a_thought_makes_the_turn_go_on_unless_the_model_said_it() {
     // Without written text the first model answers after one search.
     let trajectory = run(stops_after_one_search, AgentLimits::default(), &[episode(1)]).remove(0);
     assert_eq!(trajectory.outcome, Outcome::Final("Orla".into()));
+}
+
+/// [`stops_after_one_search`], writing a query where a search was opened for it.
+fn answers_early(context: &str, seed: u64) -> String {
+    match context.ends_with("<search>") {
+        true => "Orla country</search>".into(),
+        false => stops_after_one_search(context, seed),
+    }
+}
+
+#[test]
+fn a_final_tag_opened_before_the_searches_owed_becomes_a_search() {
+    let owing = |searches| Episode { written: Some(Written { searches, ..Written::default() }), ..episode(1) };
+    let merged = ScriptedVariant {
+        script: ScriptedPolicy::new(answers_early),
+        pause: std::time::Duration::ZERO,
+        tokens: Tokens::MergedPunctuation,
+    };
+    let untold = ScriptedVariant { tokens: Tokens::Untold, script: ScriptedPolicy::new(answers_early), ..merged };
+    let bytes = ScriptedPolicy::new(answers_early);
+    for policy in [&bytes as &dyn Policy, &merged, &untold] {
+        let trajectory = run_policy(policy, AgentLimits::default(), &[owing(2)]).remove(0);
+        assert_eq!(trajectory.queries(), ["capital of Veltria", "Orla country"], "{}", policy.name());
+        assert_eq!(trajectory.outcome, Outcome::Final("Veltria".into()));
+        assert_eq!(trajectory.searches_written, 1);
+        assert_eq!(trajectory.turns[1].text, "<think>Found Orla.</think>\n<search>Orla country</search>");
+        assert!(trajectory.response.contains(&trajectory.turns[1].text), "{}", trajectory.response);
+        if !trajectory.tokens_exact {
+            continue;
+        }
+        let written: Vec<u32> = trajectory
+            .token_ids
+            .iter()
+            .zip(&trajectory.loss_mask)
+            .filter(|(_, m)| **m == 2)
+            .map(|(&id, _)| id)
+            .collect();
+        let decode = |ids: &[u32]| futures::executor::block_on(policy.decode(ids)).unwrap().unwrap();
+        assert_eq!(decode(&written), "<search>", "{}", policy.name());
+        assert_eq!(decode(&trajectory.token_ids), trajectory.response, "the ids spell the response");
+        assert_eq!(trajectory.token_ids.len(), trajectory.logprobs.len());
+        let sampled = trajectory.loss_mask.iter().filter(|&&m| m == 1).count();
+        assert_eq!(trajectory.generated_tokens(), sampled, "taken-back tokens are not counted");
+    }
+    // Owing no more than it searched, searching on by itself, or on the last turn (where a
+    // search would not run), nothing is written.
+    let last_turn = AgentLimits { max_turns: 2, ..AgentLimits::default() };
+    let cases: [(fn(&str, u64) -> String, _, _, _); 3] = [
+        (answers_early, AgentLimits::default(), 1, "Orla"),
+        (goes_on, AgentLimits::default(), 2, "Veltria"),
+        (answers_early, last_turn, 2, "Orla"),
+    ];
+    for (script, limits, searches, expected) in cases {
+        let trajectory = run(script, limits, &[owing(searches)]).remove(0);
+        assert_eq!(trajectory.outcome, Outcome::Final(expected.into()));
+        assert_eq!(trajectory.searches_written, 0);
+        assert!(trajectory.loss_mask.iter().all(|&m| m != 2));
+    }
 }
 
 /// A test double: the scripted policy answering each call after `pause`, with its token per

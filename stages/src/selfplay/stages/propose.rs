@@ -12,7 +12,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{LoadOnce, elapsed_ms, failed, mean, metrics_batch, metrics_table, per_hops, play, with_trajectories};
-use crate::agent::{Episode, Role, Trajectory};
+use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -37,6 +37,23 @@ pub struct ProposeConfig {
     /// Only targets of at most this many hops.
     #[serde(default)]
     pub max_hops: Option<u64>,
+    /// Help for a proposer that stops walking before the searches its hop count needs.
+    #[serde(default)]
+    pub guidance: ProposerGuidance,
+}
+
+/// Help for a proposer that writes its question too early.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposerGuidance {
+    /// None: the question is checked as written.
+    #[default]
+    None,
+    /// Where the proposer opens its question before the searches the rules need for the
+    /// requested hops (`rules.searches_needed`), the opening is taken back and `<search>`
+    /// written in its place: the proposer writes the next query itself, reads, and goes on.
+    /// The written tag is trained as written; the proposal is recorded `guided`.
+    Searches,
 }
 
 /// The proposer: writes a question for each target answer.
@@ -88,6 +105,8 @@ fn proposals_batch(proposals: &[Proposal]) -> Result<RecordBatch, ArrowError> {
         .opt_str("world_answer", proposals.iter().map(|p| p.asks.as_ref().map(|(answer, _)| answer.as_str())))
         .opt_u64("world_hops", proposals.iter().map(|p| p.asks.as_ref().map(|(_, hops)| *hops)))
         .str("reason", proposals.iter().map(|p| p.verdict.as_ref().err().map_or("", String::as_str)))
+        .bool("guided", proposals.iter().map(|p| p.trajectory.searches_written > 0))
+        .u64("written_searches", proposals.iter().map(|p| p.trajectory.searches_written as u64))
         .str(
             "materials",
             proposals.iter().map(|p| materials(&p.trajectory.response)).collect::<Vec<_>>().iter().map(String::as_str),
@@ -204,7 +223,10 @@ impl Stage for Propose {
                         ("hops", target.hops.to_string()),
                     ]))),
                     seed: cx.seed(i as u64),
-                    written: None,
+                    written: (self.config.guidance == ProposerGuidance::Searches).then(|| Written {
+                        searches: self.config.rules.searches_needed(target.hops),
+                        ..Written::default()
+                    }),
                 })
                 .collect();
         let (trajectories, generation_ms, search_ms) = play(cx, &selfplay, Role::Proposer, &episodes).await?;
@@ -241,6 +263,10 @@ impl Stage for Propose {
         // as it is asked.
         let searched = proposals.iter().filter(|p| p.verdict.is_ok());
         metrics.extend(per_hops("searches", searched.map(|p| (p.target.hops, p.trajectory.queries().len() as f64))));
+        if self.config.guidance != ProposerGuidance::None {
+            let written = |p: &Proposal| p.trajectory.searches_written as f64;
+            metrics.extend(per_hops("written_searches", proposals.iter().map(|p| (p.target.hops, written(p)))));
+        }
         metrics.extend([
             ("tokens".into(), proposals.iter().map(|p| p.trajectory.generated_tokens() as f64).sum()),
             ("generation_ms".into(), generation_ms),

@@ -100,7 +100,7 @@ pub fn plan(question: &str) -> Option<Written> {
     let opening = format!("<think>{}</think>\n", plan_thought(&start, &relations));
     // Turn k has read k results; relation k follows.
     let in_thought = (0..relations.len()).map(|k| (k > 0).then(|| format!(" Next, the {} of", relations[k]))).collect();
-    Some(Written { opening, in_thought })
+    Some(Written { opening, in_thought, searches: 0 })
 }
 
 /// The help a guided rollout gets.

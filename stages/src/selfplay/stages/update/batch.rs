@@ -32,7 +32,8 @@ pub(super) struct Sample {
     /// The policy version that generated it.
     pub policy_version: u64,
     /// Guided: sampled with a hint the trained prompt lacks (`logprobs` are the hinted policy's),
-    /// or opened with a written plan (`loss_mask` [`WRITTEN`]).
+    /// or with written text in it (`loss_mask` [`WRITTEN`]): a plan, a search opened for a
+    /// proposer that stopped early.
     pub guided: bool,
     /// The last turn that misjudged the question's depth (`rewards.missteps`), filled only when
     /// the update credits missteps (`misstep_penalty` above 0).
@@ -242,9 +243,9 @@ pub(super) fn proposer_batch(
     baseline: impl FnOnce(f64) -> f64,
 ) -> Result<RoleBatch, StageError> {
     let proposals = inputs.get("proposals")?;
-    let (items, hops) = {
+    let (items, hops, guided) = {
         let reader = Reader::new("proposals", proposals);
-        (reader.u64("item")?, reader.u64("hops")?)
+        (reader.u64("item")?, reader.u64("hops")?, reader.bool("guided")?)
     };
     let rewards = inputs.get("rewards")?;
     let reader = Reader::new("rewards", rewards);
@@ -267,7 +268,7 @@ pub(super) fn proposer_batch(
     };
     let mut samples = samples("proposals", proposals, &items)?;
     for (i, sample) in samples.iter_mut().enumerate() {
-        (sample.reward, sample.advantage) = (rewards[i], advantages[i]);
+        (sample.reward, sample.advantage, sample.guided) = (rewards[i], advantages[i], guided[i]);
     }
     Ok(RoleBatch { role: "proposer", samples, groups: items.len(), rewards, groups_without_signal: 0 })
 }
