@@ -94,6 +94,15 @@ const THOUGHT_END: &str = "</think>";
 /// What [`Written::searches`] writes where the model opened its final tag too early.
 const SEARCH_OPEN: &str = "<search>";
 
+/// A turn being generated: its text (written parts included), the tokens sampled, why the last
+/// generation stopped, and the generation's wall time in milliseconds.
+struct TurnSoFar {
+    text: String,
+    tokens: usize,
+    finish: FinishReason,
+    generation_ms: u64,
+}
+
 /// What [`AgentRun::take_back`] took back.
 struct Reopened {
     /// The response's text taken back: the tag, after what its first token held before it.
@@ -338,68 +347,48 @@ impl AgentRun<'_> {
         if let Some(written) = &episode.written {
             self.write(&mut trajectory, &written.opening).await?;
         }
+        let final_open = format!("<{}>", self.role.final_tag());
         for turn in 0..self.limits.max_turns {
             // The turn's text, as the protocol reads it: the first turn acts on the opening and
             // what followed it, as if generated whole.
-            let mut text = match &episode.written {
+            let opening = match &episode.written {
                 Some(written) if turn == 0 => written.opening.clone(),
                 _ => String::new(),
             };
             let stop_at_thought =
                 episode.written.as_ref().is_some_and(|w| w.in_thought.get(turn).is_some_and(Option::is_some));
-            // The final tag's opening, while the episode owes searches and a search could still
-            // run (one asked for on the last turn is not).
-            let final_open = format!("<{}>", self.role.final_tag());
+            // The final tag's opening stops the turn while the episode owes searches and a search
+            // could still run (one asked for on the last turn is not).
             let last_turn = turn + 1 == self.limits.max_turns;
-            let searches_owed =
-                !last_turn && episode.written.as_ref().is_some_and(|w| trajectory.queries().len() < w.searches);
+            let searches_owed = !last_turn
+                && episode
+                    .written
+                    .as_ref()
+                    .is_some_and(|w| trajectory.turns.iter().filter(|t| t.query.is_some()).count() < w.searches);
             let early_final = searches_owed.then_some(final_open.as_str());
             let seed = turn_seed(episode.seed, turn);
             let stops: Vec<&str> = stop_at_thought.then_some(THOUGHT_END).into_iter().chain(early_final).collect();
-            let (generation, mut tokens, mut generation_ms) =
-                self.generate(&mut trajectory, prompt_ids.as_deref(), seed, 0, &stops, busy).await?;
-            text.push_str(&generation.text);
-            let mut finish = generation.finish;
-            let budget_left = |trajectory: &Trajectory, tokens: usize| {
-                trajectory.generated_tokens() + tokens < self.limits.max_total_tokens
-                    && tokens < self.limits.max_turn_tokens
-            };
-            if stop_at_thought && text.ends_with(THOUGHT_END) && budget_left(&trajectory, tokens) {
+            let mut so_far = TurnSoFar { text: opening, tokens: 0, finish: FinishReason::Stop, generation_ms: 0 };
+            self.go_on(&mut trajectory, &mut so_far, prompt_ids.as_deref(), seed, &stops, busy).await?;
+            if stop_at_thought && so_far.text.ends_with(THOUGHT_END) && self.budget_left(&trajectory, &so_far) {
                 // The thought closed where written text may go: unless the model said it already,
                 // reopen the thought and write it there. Either way the model goes on with the
                 // turn, seeded apart.
-                let written = episode.written.as_ref().and_then(|w| w.for_thought(turn, &text));
-                if let Some(written) = written
-                    && let Some(reopened) = self.take_back(&mut trajectory, tokens, THOUGHT_END).await?
-                {
-                    text.truncate(text.len() - reopened.taken_back.len());
-                    tokens -= reopened.tokens;
-                    let written = format!("{}{written}", reopened.kept);
-                    self.write(&mut trajectory, &written).await?;
-                    text.push_str(&written);
+                if let Some(written) = episode.written.as_ref().and_then(|w| w.for_thought(turn, &so_far.text)) {
+                    self.write_over(&mut trajectory, &mut so_far, THOUGHT_END, written).await?;
                 }
                 let stops: Vec<&str> = early_final.into_iter().collect();
-                let (more, more_tokens, more_ms) =
-                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 1, tokens, &stops, busy).await?;
-                text.push_str(&more.text);
-                (finish, tokens, generation_ms) = (more.finish, tokens + more_tokens, generation_ms + more_ms);
+                self.go_on(&mut trajectory, &mut so_far, prompt_ids.as_deref(), seed ^ 1, &stops, busy).await?;
             }
-            if searches_owed && text.ends_with(&final_open) && budget_left(&trajectory, tokens) {
+            if searches_owed && so_far.text.ends_with(&final_open) && self.budget_left(&trajectory, &so_far) {
                 // The model opened its final tag before the searches it owes: the tag is taken
                 // back and a search opened in its place, for the model to write the query.
-                if let Some(reopened) = self.take_back(&mut trajectory, tokens, &final_open).await? {
-                    text.truncate(text.len() - reopened.taken_back.len());
-                    tokens -= reopened.tokens;
-                    let written = format!("{}{SEARCH_OPEN}", reopened.kept);
-                    self.write(&mut trajectory, &written).await?;
-                    text.push_str(&written);
+                if self.write_over(&mut trajectory, &mut so_far, &final_open, SEARCH_OPEN).await? {
                     trajectory.searches_written += 1;
                 }
-                let (more, more_tokens, more_ms) =
-                    self.generate(&mut trajectory, prompt_ids.as_deref(), seed ^ 2, tokens, &[], busy).await?;
-                text.push_str(&more.text);
-                (finish, tokens, generation_ms) = (more.finish, tokens + more_tokens, generation_ms + more_ms);
+                self.go_on(&mut trajectory, &mut so_far, prompt_ids.as_deref(), seed ^ 2, &[], busy).await?;
             }
+            let TurnSoFar { text, tokens, finish, generation_ms } = so_far;
             trajectory.turns.push(Turn {
                 text: text.clone(),
                 tokens,
@@ -450,6 +439,48 @@ impl AgentRun<'_> {
             }
         }
         Ok(trajectory)
+    }
+
+    /// The turn goes on: one more generation, appended to it and to the trajectory.
+    async fn go_on(
+        &self,
+        trajectory: &mut Trajectory,
+        so_far: &mut TurnSoFar,
+        prompt_ids: Option<&[u32]>,
+        seed: u64,
+        stops: &[&str],
+        busy: &BusyClock,
+    ) -> Result<(), AgentError> {
+        let (more, tokens, ms) = self.generate(trajectory, prompt_ids, seed, so_far.tokens, stops, busy).await?;
+        so_far.text.push_str(&more.text);
+        (so_far.finish, so_far.tokens, so_far.generation_ms) =
+            (more.finish, so_far.tokens + tokens, so_far.generation_ms + ms);
+        Ok(())
+    }
+
+    /// Whether the turn may still generate: within the turn's and the episode's token budgets.
+    fn budget_left(&self, trajectory: &Trajectory, so_far: &TurnSoFar) -> bool {
+        trajectory.generated_tokens() + so_far.tokens < self.limits.max_total_tokens
+            && so_far.tokens < self.limits.max_turn_tokens
+    }
+
+    /// Takes `tag`, just sampled at the end of the turn, back and writes `written` in its place
+    /// (after what the tag's first token held before it); false, changing nothing, when the
+    /// tokens cannot be read back.
+    async fn write_over(
+        &self,
+        trajectory: &mut Trajectory,
+        so_far: &mut TurnSoFar,
+        tag: &str,
+        written: &str,
+    ) -> Result<bool, AgentError> {
+        let Some(reopened) = self.take_back(trajectory, so_far.tokens, tag).await? else { return Ok(false) };
+        so_far.text.truncate(so_far.text.len() - reopened.taken_back.len());
+        so_far.tokens -= reopened.tokens;
+        let written = format!("{}{written}", reopened.kept);
+        self.write(trajectory, &written).await?;
+        so_far.text.push_str(&written);
+        Ok(true)
     }
 
     /// One generation of a turn that has generated `in_turn` tokens so far, appended to the

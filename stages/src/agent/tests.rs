@@ -243,7 +243,8 @@ fn a_final_tag_opened_before_the_searches_owed_becomes_a_search() {
     // Owing no more than it searched, searching on by itself, or on the last turn (where a
     // search would not run), nothing is written.
     let last_turn = AgentLimits { max_turns: 2, ..AgentLimits::default() };
-    let cases: [(fn(&str, u64) -> String, _, _, _); 3] = [
+    type Script = fn(&str, u64) -> String;
+    let cases: [(Script, _, _, _); 3] = [
         (answers_early, AgentLimits::default(), 1, "Orla"),
         (goes_on, AgentLimits::default(), 2, "Veltria"),
         (answers_early, last_turn, 2, "Orla"),
