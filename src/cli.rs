@@ -242,6 +242,10 @@ enum Command {
         /// `full`, or `lora` (rank 16, alpha 32, all seven projections).
         #[arg(long, default_value = "full")]
         method: String,
+        /// With `--method lora`: adapt only the top this many blocks (the backward pass stops
+        /// below them).
+        #[arg(long)]
+        top_layers: Option<usize>,
         /// Optimizer steps to time (the first one is reported apart: it warms the allocator).
         #[arg(long, default_value_t = 3)]
         steps: usize,
@@ -676,9 +680,9 @@ async fn dispatch(command: Command, registry: &Registry, progress: &Progress) ->
             crate::bench::bench_decoding(&model, dtype, kv_cache_dtype, &rows, context, steps).await
         }
         Command::BenchSkills { questions, limit } => crate::bench::bench_skills(&questions, limit).await,
-        Command::BenchTrain { model, tokens, method, steps, scored, group, prompt } => {
-            crate::bench::bench_train(crate::bench::TrainBench { model, tokens, method, steps, scored, group, prompt })
-                .await
+        Command::BenchTrain { model, tokens, method, top_layers, steps, scored, group, prompt } => {
+            let bench = crate::bench::TrainBench { model, tokens, method, top_layers, steps, scored, group, prompt };
+            crate::bench::bench_train(bench).await
         }
         Command::TrainExternal { manifest, model, proposer_model, micro_batch_tokens } => {
             let model = sesa_stages::sections::local_model(&model).await?;

@@ -3,7 +3,7 @@
 //! with the prompt shared and apart, alternated.
 
 use anyhow::Result;
-use sesa_models::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, new_adapters};
+use sesa_models::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer};
 
 /// What `sesa bench-train` measures.
 pub struct TrainBench {
@@ -13,6 +13,8 @@ pub struct TrainBench {
     pub tokens: usize,
     /// `full` or `lora`.
     pub method: String,
+    /// LoRA on the top this many blocks only.
+    pub top_layers: Option<usize>,
     /// Optimizer steps to time.
     pub steps: usize,
     /// The fraction of positions scored (one sequence).
@@ -25,16 +27,16 @@ pub struct TrainBench {
 
 /// `sesa bench-train`.
 pub async fn bench_train(bench: TrainBench) -> Result<u8> {
-    let TrainBench { model, tokens, method, steps, scored, group, prompt } = bench;
+    let TrainBench { model, tokens, method, top_layers, steps, scored, group, prompt } = bench;
     let method = match method.as_str() {
+        "full" if top_layers.is_some() => anyhow::bail!("--top-layers needs --method lora"),
         "full" => Method::Full,
-        "lora" => Method::Lora(LoraMethod {
-            rank: 16,
-            alpha: 32.0,
-            targets: sesa_models::train::MODULES.iter().map(|m| m.to_string()).collect(),
-        }),
+        "lora" => Method::Lora(LoraMethod { top_layers, ..LoraMethod::everywhere(16, 32.0) }),
         other => anyhow::bail!("--method must be `full` or `lora`, not `{other}`"),
     };
+    if let Some((key, problem)) = method.problems().into_iter().next() {
+        anyhow::bail!("--{}: {problem}", key.replace('_', "-"));
+    }
     if group == 0 {
         anyhow::bail!("--group must be at least 1");
     }
@@ -64,10 +66,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                 })
                 .collect()
         };
-        let mut model = TrainModel::new(files.weights);
-        if let Method::Lora(LoraMethod { rank, alpha, targets }) = &method {
-            model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
-        }
+        let model = TrainModel::for_method(files.weights, &method);
         let trained: usize = model.trained().iter().map(|t| t.len()).sum();
         let all_tokens = group * tokens;
         let scored_total: usize = sequences.iter().map(|s| s.positions().len()).sum();

@@ -235,6 +235,7 @@ fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
         "agent.context_limit=99999999999",
         "world.entities=5",
         "memory.capacity=18446744073709551615",
+        "trainer.method={kind: lora, rank: 16, alpha: 32, top_layers: 0}",
     ]
     .map(String::from)
     .to_vec();
@@ -248,6 +249,7 @@ fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
         "agent.context_limit: must be between 1 and 1048576, got 99999999999",
         "world.entities: must be between 10 and 10000000, got 5",
         "memory.capacity: must be between 1 and 1000000, got 18446744073709551615",
+        "trainer.method.top_layers: must be at least 1 (leave it out to adapt every block)",
     ] {
         assert!(errors.contains(expected), "expected `{expected}` in:\n{errors}");
     }

@@ -55,6 +55,19 @@ pub struct LoraMethod {
     /// `up_proj`, `down_proj`.
     #[serde(default = "all_modules")]
     pub targets: Vec<String>,
+    /// Adapt only the top this many blocks (those nearest the output; all of them when it is
+    /// at least the model's depth). The backward pass stops at the lowest adapted block, so a
+    /// step's backward work shrinks in proportion, and the forward pass keeps no activations
+    /// below it. Absent: every block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_layers: Option<usize>,
+}
+
+impl LoraMethod {
+    /// Adapters of `rank` and `alpha` on every projection of every block.
+    pub fn everywhere(rank: usize, alpha: f32) -> LoraMethod {
+        LoraMethod { rank, alpha, targets: all_modules(), top_layers: None }
+    }
 }
 
 fn all_modules() -> Vec<String> {
@@ -74,8 +87,11 @@ impl Method {
     pub fn problems(&self) -> Vec<(&'static str, String)> {
         match self {
             Method::Full => Vec::new(),
-            Method::Lora(LoraMethod { rank, alpha, targets }) => {
+            Method::Lora(LoraMethod { rank, alpha, targets, top_layers }) => {
                 let mut problems = Vec::new();
+                if *top_layers == Some(0) {
+                    problems.push(("top_layers", "must be at least 1 (leave it out to adapt every block)".to_string()));
+                }
                 if !(1..=4_096).contains(rank) {
                     problems.push(("rank", format!("must be between 1 and 4096, got {rank}")));
                 }
@@ -96,17 +112,20 @@ impl Method {
     }
 }
 
-/// Adapters of `rank` on `targets`: A uniform in ±1/√inputs (Kaiming-like), B zero, so the
-/// adapted model starts as the base model.
-pub fn new_adapters(weights: &LlamaWeights, rank: usize, alpha: f32, targets: &[String], seed: u64) -> Adapters {
+/// Adapters as `method` says: A uniform in ±1/√inputs (Kaiming-like), B zero, so the adapted
+/// model starts as the base model.
+pub fn new_adapters(weights: &LlamaWeights, method: &LoraMethod, seed: u64) -> Adapters {
+    let LoraMethod { rank, alpha, targets, top_layers } = method;
+    let rank = *rank;
     let s = &weights.shape;
     let dims = s.block_dims();
+    let first = s.layers - top_layers.unwrap_or(s.layers).min(s.layers);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let blocks = (0..s.layers)
-        .map(|_| {
+        .map(|l| {
             std::array::from_fn(|m| {
                 let (outputs, inputs) = dims[PROJECTIONS[m]];
-                targets.iter().any(|t| t == MODULES[m]).then(|| {
+                (l >= first && targets.iter().any(|t| t == MODULES[m])).then(|| {
                     let bound = 1.0 / (inputs as f32).sqrt();
                     Lora {
                         a: (0..rank * inputs).map(|_| rng.random_range(-bound..bound)).collect(),
@@ -117,6 +136,18 @@ pub fn new_adapters(weights: &LlamaWeights, rank: usize, alpha: f32, targets: &[
         })
         .collect();
     Adapters { rank, scale: alpha / rank as f32, blocks }
+}
+
+impl TrainModel {
+    /// A model to train from `weights` by `method`: full fine-tuning, or fresh adapters
+    /// (seed 0) on frozen weights.
+    pub fn for_method(weights: LlamaWeights, method: &Method) -> TrainModel {
+        let mut model = TrainModel::new(weights);
+        if let Method::Lora(lora) = method {
+            model.adapters = Some(new_adapters(&model.weights, lora, 0));
+        }
+        model
+    }
 }
 
 impl Adapters {

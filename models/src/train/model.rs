@@ -115,6 +115,9 @@ pub struct Tape {
     segments: Vec<Segment>,
     /// Row position of each row within its example.
     positions: Vec<usize>,
+    /// The lowest block whose activations are kept: nothing below it is trained.
+    first_layer: usize,
+    /// The kept blocks' activations, from `first_layer` up.
     layers: Vec<LayerTape>,
     final_x: Vec<f32>,
     final_scale: Vec<f32>,
@@ -181,6 +184,19 @@ impl TrainModel {
         })
     }
 
+    /// The lowest block with anything trained in it (the model's depth when nothing is):
+    /// gradients need not flow below it.
+    fn first_trained_layer(&self) -> usize {
+        match &self.adapters {
+            None => 0,
+            Some(adapters) => adapters
+                .blocks
+                .iter()
+                .position(|block| block.iter().any(Option::is_some))
+                .unwrap_or(adapters.blocks.len()),
+        }
+    }
+
     fn scale(&self) -> f32 {
         self.adapters.as_ref().map_or(0.0, |a| a.scale)
     }
@@ -198,7 +214,8 @@ impl TrainModel {
         Ok(self.run(examples, temperature, false)?.logprobs)
     }
 
-    /// The forward pass; `keep`: whether the tape keeps every layer's activations.
+    /// The forward pass; `keep`: whether the tape keeps the activations of every block from
+    /// the lowest trained one up (the backward pass needs no others).
     fn run(&self, examples: &[Example<'_>], temperature: f32, keep: bool) -> Result<Tape, BatchError> {
         let s = self.shape().clone();
         let (hidden, kv_width, ffn, vocabulary) = (s.hidden, s.kv_width(), s.ffn, s.vocabulary);
@@ -240,7 +257,8 @@ impl TrainModel {
         for &t in &tokens {
             x.extend_from_slice(&self.weights.embedding[t as usize * hidden..][..hidden]);
         }
-        let mut layers = Vec::with_capacity(s.layers);
+        let first_layer = if keep { self.first_trained_layer() } else { s.layers };
+        let mut layers = Vec::with_capacity(s.layers - first_layer);
         for l in 0..s.layers {
             let block = &self.weights.blocks[l];
             let [pq, pk, pv, po, pg, pu, pd] = self.projections(l);
@@ -263,7 +281,7 @@ impl TrainModel {
             let next: Vec<f32> = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
             debug_assert_eq!(activated.len(), n * ffn);
             debug_assert_eq!(k.len(), n * kv_width);
-            if !keep {
+            if l < first_layer {
                 x = next;
                 continue;
             }
@@ -325,6 +343,7 @@ impl TrainModel {
             tokens,
             segments,
             positions,
+            first_layer,
             layers,
             final_x: x,
             final_scale,
@@ -615,8 +634,8 @@ impl TrainModel {
         let output_norm_grad = grads.base.as_mut().map(|b| &mut b.output_norm);
         rms_norm_back(&tape.final_x, &tape.final_scale, &self.weights.output_norm, &dnormed, &mut dx, output_norm_grad);
 
-        for l in (0..s.layers).rev() {
-            let t = &tape.layers[l];
+        for l in (tape.first_layer..s.layers).rev() {
+            let t = &tape.layers[l - tape.first_layer];
             let block = &self.weights.blocks[l];
             // Feed-forward: x_next = x2 + down(silu(gate) · up).
             let ffn = s.ffn;

@@ -78,14 +78,19 @@ fn every_weight_gradient_matches_finite_differences() {
     }
 }
 
-#[test]
-fn every_adapter_gradient_matches_finite_differences() {
-    let weights = random(tiny_shape(), true, 8);
-    let mut adapters = new_adapters(&weights, 2, 4.0, &all_modules(), 9);
-    // B starts at zero (so the adapted model is the base model); make it non-zero to check A.
+/// Non-zero B everywhere, so that every adapter changes the model and its A has a gradient.
+fn with_nonzero_b(mut adapters: Adapters) -> Adapters {
     for lora in adapters.blocks.iter_mut().flatten().flatten() {
         lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 5) as f32 - 2.0) * 0.1);
     }
+    adapters
+}
+
+#[test]
+fn every_adapter_gradient_matches_finite_differences() {
+    let weights = random(tiny_shape(), true, 8);
+    // B starts at zero (so the adapted model is the base model); make it non-zero to check A.
+    let adapters = with_nonzero_b(new_adapters(&weights, &LoraMethod::everywhere(2, 4.0), 9));
     let mut model = TrainModel::new(weights);
     model.adapters = Some(adapters);
     let names: Vec<String> =
@@ -94,9 +99,39 @@ fn every_adapter_gradient_matches_finite_differences() {
 }
 
 #[test]
+fn adapters_on_the_top_blocks_only_stop_the_backward_pass_there() {
+    let weights = random(tiny_shape(), true, 8);
+    let top = LoraMethod { top_layers: Some(1), ..LoraMethod::everywhere(2, 4.0) };
+    let adapters = with_nonzero_b(new_adapters(&weights, &top, 9));
+    assert!(adapters.blocks[0].iter().all(Option::is_none), "the lower block is adapted");
+    assert!(adapters.blocks[1].iter().all(Option::is_some), "the top block is not adapted");
+    let mut model = TrainModel::new(weights.clone());
+    model.adapters = Some(adapters.clone());
+    // Beside adapters on every block whose lower ones change nothing (B = 0), the top block's
+    // gradients are the same numbers: the shorter backward pass drops no term.
+    let mut everywhere = new_adapters(&weights, &LoraMethod::everywhere(2, 4.0), 9);
+    everywhere.blocks[1] = adapters.blocks[1].clone();
+    let mut full_depth = TrainModel::new(weights);
+    full_depth.adapters = Some(everywhere);
+    assert_eq!(
+        model.forward(&examples(), 0.7).unwrap().logprobs,
+        full_depth.forward(&examples(), 0.7).unwrap().logprobs
+    );
+    let (short, long) = (gradient(&model), gradient(&full_depth));
+    let top_block = |grads: &Grads| grads.adapters.as_ref().unwrap().blocks[1].clone();
+    assert_eq!(top_block(&short), top_block(&long));
+    let names: Vec<String> = MODULES.iter().flat_map(|m| [format!("1 {m} A"), format!("1 {m} B")]).collect();
+    check_gradients(&mut model, &names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
 fn merged_adapters_give_the_adapted_log_probabilities() {
     let weights = random(tiny_shape(), true, 8);
-    let mut adapters = new_adapters(&weights, 2, 4.0, &["q_proj".into(), "down_proj".into()], 9);
+    let mut adapters = new_adapters(
+        &weights,
+        &LoraMethod { targets: vec!["q_proj".into(), "down_proj".into()], ..LoraMethod::everywhere(2, 4.0) },
+        9,
+    );
     for lora in adapters.blocks.iter_mut().flatten().flatten() {
         lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 3) as f32 - 1.0) * 0.2);
     }
@@ -230,11 +265,7 @@ fn shared_rows_run_once_and_give_the_gradient_of_separate_sequences() {
         let weights = random(tiny_shape(), true, 11);
         let mut model = TrainModel::new(weights.clone());
         if lora {
-            let mut adapters = new_adapters(&weights, 2, 4.0, &all_modules(), 3);
-            for l in adapters.blocks.iter_mut().flatten().flatten() {
-                l.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 5) as f32 - 2.0) * 0.1);
-            }
-            model.adapters = Some(adapters);
+            model.adapters = Some(with_nonzero_b(new_adapters(&weights, &LoraMethod::everywhere(2, 4.0), 3)));
         }
         let sequences = group_of_rollouts();
         let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();

@@ -345,8 +345,7 @@ async fn the_trainer_scores_recorded_tokens_as_the_server_generated_them() {
 async fn lora_adapters_served_merged_score_as_the_trainer_scores_them() {
     let policy = smollm2_candle();
     let (weights, tokenizer) = tokio::task::spawn_blocking(load_weights).await.unwrap();
-    let targets: Vec<String> = crate::train::MODULES.iter().map(|m| m.to_string()).collect();
-    let mut adapters = crate::train::new_adapters(&weights, 4, 8.0, &targets, 5);
+    let mut adapters = crate::train::new_adapters(&weights, &crate::train::LoraMethod::everywhere(4, 8.0), 5);
     // B starts at zero; give it values so that the adapters change what is served.
     for lora in adapters.blocks.iter_mut().flatten().flatten() {
         lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 7) as f32 - 3.0) * 2e-3);

@@ -7,7 +7,7 @@ use arrow_schema::ArrowError;
 use sesa_engine::{ArtifactStore, RunError, StageError, Steps, TableSpec, read_table, read_table_steps};
 use sha2::{Digest, Sha256};
 
-use super::{TrainState, TrainedModel, model_column, model_for};
+use super::{TrainState, TrainedModel, model_column};
 use sesa_engine::columns::{Columns, Reader, schema_of};
 use sesa_models::train::{Method, TrainModel};
 use sesa_models::weights::LlamaWeights;
@@ -248,7 +248,7 @@ pub async fn weights_at(
     let checkpoint = newest(&batches, model, Some(version))
         .map_err(|e| corrupt(e.to_string()))?
         .ok_or_else(|| corrupt(missing()))?;
-    let mut restored = model_for(initial, method);
+    let mut restored = TrainModel::for_method(initial, method);
     checkpoint.apply_to_model(&mut restored).map_err(corrupt)?;
     Ok((version, restored.serving_weights().into_owned()))
 }

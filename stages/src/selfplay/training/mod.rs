@@ -22,8 +22,7 @@ use crate::agent::Role;
 use crate::sections::TrainerSection;
 use sesa_engine::columns::Reader;
 use sesa_models::policy::Policy;
-use sesa_models::train::{LoraMethod, Method, TrainModel, Trainer, new_adapters};
-use sesa_models::weights::LlamaWeights;
+use sesa_models::train::{TrainModel, Trainer};
 
 mod checkpoint;
 mod versions;
@@ -194,7 +193,7 @@ impl Training {
     }
 
     fn initial(&self) -> Result<TrainModel, String> {
-        Ok(model_for(sesa_models::policy::ModelFiles::read(&self.source)?.weights, &self.section.method))
+        Ok(TrainModel::for_method(sesa_models::policy::ModelFiles::read(&self.source)?.weights, &self.section.method))
     }
 
     /// The trainer state, loading the initial weights on first use; the caller puts it back
@@ -256,13 +255,4 @@ impl Training {
         self.put(state).await;
         Ok(())
     }
-}
-
-/// A model to train from `weights`: full fine-tuning, or fresh LoRA adapters on them.
-fn model_for(weights: LlamaWeights, method: &Method) -> TrainModel {
-    let mut model = TrainModel::new(weights);
-    if let Method::Lora(LoraMethod { rank, alpha, targets }) = method {
-        model.adapters = Some(new_adapters(&model.weights, *rank, *alpha, targets, 0));
-    }
-    model
 }
