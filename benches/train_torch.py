@@ -7,6 +7,9 @@ both losses, and that an exported model is the function sesa trained.
 
     python3 benches/train_torch.py GGUF_DIR --gguf GGUF_NAME --tokens 512 --method full --steps 3
     python3 benches/train_torch.py EXPORTED_DIR --steps 1
+
+`--top-layers N` puts the LoRA adapters on the top N blocks only, as sesa's `top_layers`
+(autograd then stops below them too).
 """
 import argparse
 import resource
@@ -20,6 +23,7 @@ parser.add_argument("model_dir")
 parser.add_argument("--gguf", default=None)
 parser.add_argument("--tokens", type=int, default=512)
 parser.add_argument("--method", choices=["full", "lora"], default="full")
+parser.add_argument("--top-layers", type=int, default=None, help="LoRA on the top N blocks only")
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--threads", type=int, default=2)
 args = parser.parse_args()
@@ -33,7 +37,10 @@ if args.method == "lora":
     from peft import LoraConfig, get_peft_model
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets))
+    layers = model.config.num_hidden_layers
+    top = list(range(layers - min(args.top_layers, layers), layers)) if args.top_layers else None
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, layers_to_transform=top)
+    model = get_peft_model(model, config)
 trained = [p for p in model.parameters() if p.requires_grad]
 print(f"training {args.tokens} tokens, {sum(p.numel() for p in trained)} trained parameters, torch {torch.__version__}")
 ids = torch.tensor([[(i * 7919 + 13) % vocabulary for i in range(args.tokens)]])
