@@ -48,10 +48,10 @@ def run_step(sesa, spec, warm, overrides, store, extra):
             "--set", "stages.propose.after=[]", "--set", "stages.eval=null"]
     for override in extra + overrides:
         args += ["--set", override]
-    log = open(os.path.join(store, "run.log"), "w")
-    child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(child.pid, 0)
-    log.close()
+    with open(os.path.join(store, "run.log"), "w") as log:
+        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        # wait4 gives this child's own peak memory (getrusage would give every child's).
+        _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
         sys.exit(f"{' '.join(args)} failed; its log: {store}/run.log")
     runs = [d for d in os.listdir(store) if os.path.isdir(os.path.join(store, d))]

@@ -395,8 +395,8 @@ impl TrainModel {
         y
     }
 
-    /// Backward of [`Self::project`]: adds `dy·W (+ scale·dy·B·A)` to `dx` and the weight's
-    /// (or the adapter's) gradient to `grad`.
+    /// Backward of [`Self::project`]: adds `dy·W (+ scale·dy·B·A)` to `dx` (when the input's
+    /// gradient is needed) and the weight's (or the adapter's) gradient to `grad`.
     #[allow(clippy::too_many_arguments)]
     fn project_back(
         &self,
@@ -405,19 +405,21 @@ impl TrainModel {
         lora_input: &[f32],
         dy: &[f32],
         n: usize,
-        dx: &mut [f32],
+        mut dx: Option<&mut [f32]>,
         weight_grad: Option<&mut Vec<f32>>,
         lora_grad: Option<&mut Lora>,
     ) {
-        gemm(
-            n,
-            p.outputs,
-            p.inputs,
-            View::rows(dy, p.outputs),
-            View::rows(p.weight, p.inputs),
-            1.0,
-            Out::rows(dx, p.inputs),
-        );
+        if let Some(dx) = dx.as_deref_mut() {
+            gemm(
+                n,
+                p.outputs,
+                p.inputs,
+                View::rows(dy, p.outputs),
+                View::rows(p.weight, p.inputs),
+                1.0,
+                Out::rows(dx, p.inputs),
+            );
+        }
         if let Some(grad) = weight_grad {
             gemm(
                 p.outputs,
@@ -463,15 +465,17 @@ impl TrainModel {
                 1.0,
                 Out::rows(&mut grad.a, p.inputs),
             );
-            gemm(
-                n,
-                rank,
-                p.inputs,
-                View::rows(&dxa, rank),
-                View::rows(&lora.a, p.inputs),
-                1.0,
-                Out::rows(dx, p.inputs),
-            );
+            if let Some(dx) = dx {
+                gemm(
+                    n,
+                    rank,
+                    p.inputs,
+                    View::rows(&dxa, rank),
+                    View::rows(&lora.a, p.inputs),
+                    1.0,
+                    Out::rows(dx, p.inputs),
+                );
+            }
         }
     }
 
@@ -640,7 +644,7 @@ impl TrainModel {
             // Feed-forward: x_next = x2 + down(silu(gate) · up).
             let ffn = s.ffn;
             let mut dactivated = vec![0.0f32; n * ffn];
-            self.module_back(l, 6, t, &t.activated, &dx, &mut dactivated, grads);
+            self.module_back(l, 6, t, &t.activated, &dx, Some(&mut dactivated), grads);
             let mut dgate = vec![0.0f32; n * ffn];
             let mut dup = vec![0.0f32; n * ffn];
             let exps = negative_exps(&t.gate, ffn);
@@ -652,8 +656,8 @@ impl TrainModel {
             });
             drop(dactivated);
             let mut dnormed2 = vec![0.0f32; n * hidden];
-            self.module_back(l, 4, t, &t.normed2, &dgate, &mut dnormed2, grads);
-            self.module_back(l, 5, t, &t.normed2, &dup, &mut dnormed2, grads);
+            self.module_back(l, 4, t, &t.normed2, &dgate, Some(&mut dnormed2), grads);
+            self.module_back(l, 5, t, &t.normed2, &dup, Some(&mut dnormed2), grads);
             drop((dgate, dup));
             // dx2 = dx + the norm's backward.
             let mut dx2 = dx;
@@ -661,15 +665,21 @@ impl TrainModel {
             rms_norm_back(&t.x2, &t.scale2, &block.ffn_norm, &dnormed2, &mut dx2, norm_grad);
             // Attention: x2 = x + out(attention(rope(q), rope(k), v)).
             let mut dattended = vec![0.0f32; n * hidden];
-            self.module_back(l, 3, t, &t.attended, &dx2, &mut dattended, grads);
+            self.module_back(l, 3, t, &t.attended, &dx2, Some(&mut dattended), grads);
             let (mut dq, mut dk, dv) = self.attention_back(t, &dattended, &tape.segments);
             self.rotate(&mut dq, &tape.positions, s.heads, true);
             self.rotate(&mut dk, &tape.positions, s.kv_heads, true);
-            let mut dnormed1 = vec![0.0f32; n * hidden];
+            // The block's input gradient feeds the blocks below and the embedding: in the lowest
+            // trained block of LoRA, nothing.
+            let mut dnormed1 = (l > tape.first_layer || grads.base.is_some()).then(|| vec![0.0f32; n * hidden]);
             for (m, dy) in [(0, &dq), (1, &dk), (2, &dv)] {
-                self.module_back(l, m, t, &t.normed1, dy, &mut dnormed1, grads);
+                self.module_back(l, m, t, &t.normed1, dy, dnormed1.as_deref_mut(), grads);
             }
             debug_assert_eq!(dk.len(), n * kv_width);
+            let Some(dnormed1) = dnormed1 else {
+                dx = dx2;
+                break;
+            };
             dx = dx2;
             let norm_grad = grads.base.as_mut().map(|b| &mut b.blocks[l].attention_norm);
             rms_norm_back(&t.x, &t.scale1, &block.attention_norm, &dnormed1, &mut dx, norm_grad);
@@ -683,10 +693,20 @@ impl TrainModel {
         Ok(())
     }
 
-    /// Backward of projection `m` (of [`MODULES`]) of block `l`, which was fed `x`: adds to `dx`,
+    /// Backward of projection `m` (of [`MODULES`]) of block `l`, which was fed `x`: adds to `dx` (if any),
     /// and to the weight's gradient (full fine-tuning) or the adapter's (LoRA) in `grads`.
     #[allow(clippy::too_many_arguments)]
-    fn module_back(&self, l: usize, m: usize, t: &LayerTape, x: &[f32], dy: &[f32], dx: &mut [f32], grads: &mut Grads) {
+    #[allow(clippy::too_many_arguments)]
+    fn module_back(
+        &self,
+        l: usize,
+        m: usize,
+        t: &LayerTape,
+        x: &[f32],
+        dy: &[f32],
+        dx: Option<&mut [f32]>,
+        grads: &mut Grads,
+    ) {
         let projection = &self.projections(l)[m];
         let rows = dy.len() / projection.outputs;
         let weight_grad = grads.base.as_mut().and_then(|b| b.blocks[l].tensors_mut().into_iter().nth(PROJECTIONS[m]));
