@@ -12,7 +12,8 @@ on a quiet machine.
         --variant 'top8=trainer.method={kind: lora, rank: 16, alpha: 32, top_layers: 8}'
 
 A variant is LABEL=OVERRIDES: `--set` values separated by `;` (none: the spec as shipped).
-Prints a row per run (seconds; rows: the update's trained rows) and the median per variant.
+Prints a row per run (seconds; rows: the update's trained rows, rows/s: per second of the
+update; peak GB: the run's resident peak) and the median per variant.
 """
 
 import argparse
@@ -69,6 +70,8 @@ def parts(run):
     row = {label: values.get((stage, metric), 0.0) / 1000 for label, stage, metric in PARTS}
     row["step"] = sum(row[p] for p in ("propose", "verify", "solve", "update"))
     row["rows"] = values.get(("update", "tokens"), 0.0)
+    # The update's throughput, the figure the trainer's speed targets are stated in.
+    row["rows/s"] = row["rows"] / row["update"] if row["update"] else 0.0
     return row
 
 
@@ -88,7 +91,7 @@ def main():
         label, _, overrides = variant.partition("=")
         variants.append((label, [o.strip() for o in overrides.split(";") if o.strip()]))
     root = args.store or tempfile.mkdtemp(prefix="sesa-step-")
-    columns = ["step"] + [label for label, _, _ in PARTS] + ["rows", "peak GB"]
+    columns = ["step"] + [label for label, _, _ in PARTS] + ["rows", "rows/s", "peak GB"]
     print(f"{'variant':<12} {'round':>5} " + " ".join(f"{c:>10}" for c in columns), flush=True)
     results = {label: [] for label, _ in variants}
     for round_ in range(1, args.rounds + 1):
