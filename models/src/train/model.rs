@@ -676,11 +676,8 @@ impl TrainModel {
                 self.module_back(l, m, t, &t.normed1, dy, dnormed1.as_deref_mut(), grads);
             }
             debug_assert_eq!(dk.len(), n * kv_width);
-            let Some(dnormed1) = dnormed1 else {
-                dx = dx2;
-                break;
-            };
             dx = dx2;
+            let Some(dnormed1) = dnormed1 else { break };
             let norm_grad = grads.base.as_mut().map(|b| &mut b.blocks[l].attention_norm);
             rms_norm_back(&t.x, &t.scale1, &block.attention_norm, &dnormed1, &mut dx, norm_grad);
         }
@@ -695,7 +692,6 @@ impl TrainModel {
 
     /// Backward of projection `m` (of [`MODULES`]) of block `l`, which was fed `x`: adds to `dx` (if any),
     /// and to the weight's gradient (full fine-tuning) or the adapter's (LoRA) in `grads`.
-    #[allow(clippy::too_many_arguments)]
     #[allow(clippy::too_many_arguments)]
     fn module_back(
         &self,
