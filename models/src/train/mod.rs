@@ -286,6 +286,8 @@ pub struct MicroBatch {
     pub scored: usize,
     /// Forward and backward wall time.
     pub wall_ms: f64,
+    /// The share of `wall_ms` that computed the reference policy's log-probabilities.
+    pub reference_ms: f64,
 }
 
 /// What one optimizer step did.
@@ -303,9 +305,10 @@ pub struct StepReport {
     pub optimizer_ms: f64,
 }
 
-/// A loss, given a sequence's index and its scored log-probabilities: its value and its
-/// derivative with respect to each log-probability.
-pub type LossFn<'a> = dyn FnMut(usize, &[f32]) -> (f64, Vec<f32>) + 'a;
+/// A loss, given a sequence's index, its scored log-probabilities and, when the step computes
+/// them ([`Trainer::step`]'s `reference`), the reference policy's: its value and its derivative
+/// with respect to each log-probability.
+pub type LossFn<'a> = dyn FnMut(usize, &[f32], Option<&[f32]>) -> (f64, Vec<f32>) + 'a;
 
 /// How a step's sequences run: each one's scored positions and the tokens it needs, and the
 /// micro-batches of at most `budget` rows.
@@ -351,6 +354,25 @@ pub fn logprobs(
     Ok(out)
 }
 
+/// [`logprobs`] and, in the same passes, the reference policy's (the base model's, adapters
+/// off; see [`TrainModel::score_with_reference`]), and the wall time of the reference's share.
+pub fn logprobs_with_reference(
+    model: &TrainModel,
+    sequences: &[TrainSequence],
+    temperature: f32,
+    budget: usize,
+) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, f64), BatchError> {
+    let packed = Packed::new(sequences, budget);
+    let (mut current, mut reference, mut reference_ms) = (Vec::new(), Vec::new(), 0.0);
+    for range in packed.micro_batches.iter().cloned() {
+        let (c, r, ms) = model.score_with_reference(&packed.examples(range), temperature)?;
+        current.extend(c);
+        reference.extend(r);
+        reference_ms += ms;
+    }
+    Ok((current, reference, reference_ms))
+}
+
 /// A model with the state its optimizer keeps.
 pub struct Trainer {
     /// The model.
@@ -386,13 +408,17 @@ impl Trainer {
     /// log-probabilities, and returns its share of the step's loss and that share's derivative
     /// with respect to each log-probability. The learning rate is `optimizer`'s schedule at this
     /// optimizer step, of a schedule that ends at optimizer step `last_step` (counted over the
-    /// trainer's life, so that a run's stages and a resumed run follow one schedule).
+    /// trainer's life, so that a run's stages and a resumed run follow one schedule). With
+    /// `reference`, each micro-batch's forward pass also gives `loss` the reference policy's
+    /// log-probabilities (the base model's: adapters off), sharing the blocks below the lowest
+    /// adapted one ([`TrainModel::forward_with_reference`]).
     pub fn step(
         &mut self,
         sequences: &[TrainSequence],
         temperature: f32,
         optimizer: &OptimizerConfig,
         last_step: u64,
+        reference: bool,
         loss: &mut LossFn<'_>,
     ) -> Result<StepReport, BatchError> {
         let lr = optimizer.lr_at(self.adam.step + 1, last_step);
@@ -408,11 +434,15 @@ impl Trainer {
         for range in packed.micro_batches.iter().cloned() {
             let clock = Instant::now();
             let examples = packed.examples(range.clone());
-            let tape = self.model.forward(&examples, temperature)?;
+            let tape = if reference {
+                self.model.forward_with_reference(&examples, temperature)?
+            } else {
+                self.model.forward(&examples, temperature)?
+            };
             let mut total = 0.0;
             let mut derivatives = Vec::with_capacity(examples.len());
-            for (i, logprobs) in range.clone().zip(&tape.logprobs) {
-                let (value, derivative) = loss(i, logprobs);
+            for (k, (i, logprobs)) in range.clone().zip(&tape.logprobs).enumerate() {
+                let (value, derivative) = loss(i, logprobs, tape.reference.as_ref().map(|r| r[k].as_slice()));
                 if derivative.len() != logprobs.len() {
                     return Err(BatchError(format!(
                         "the loss gave {} derivatives for {} log-probabilities",
@@ -423,7 +453,7 @@ impl Trainer {
                 total += value;
                 derivatives.push(derivative);
             }
-            let rows = tape.rows();
+            let (rows, reference_ms) = (tape.rows(), tape.reference_ms);
             self.model.backward(tape, &derivatives, &mut grads)?;
             micro.push(MicroBatch {
                 sequences: range.clone(),
@@ -431,6 +461,7 @@ impl Trainer {
                 tokens: rows,
                 scored: packed.positions[range].iter().map(Vec::len).sum(),
                 wall_ms: clock.elapsed().as_secs_f64() * 1e3,
+                reference_ms,
             });
         }
         let clock = Instant::now();
@@ -465,7 +496,7 @@ impl Trainer {
     ) -> Result<StepReport, BatchError> {
         let scored: usize = sequences.iter().map(|s| s.positions().len()).sum::<usize>().max(1);
         let weight = 1.0 / scored as f32;
-        self.step(sequences, 1.0, optimizer, last_step, &mut |_, logprobs| {
+        self.step(sequences, 1.0, optimizer, last_step, false, &mut |_, logprobs, _| {
             (-logprobs.iter().map(|&l| f64::from(l)).sum::<f64>(), vec![-weight; logprobs.len()])
         })
     }

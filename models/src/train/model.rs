@@ -130,6 +130,19 @@ pub struct Tape {
     temperature: f32,
     /// Log-probabilities, per example, at its positions.
     pub logprobs: Vec<Vec<f32>>,
+    /// The reference policy's (the base model's) log-probabilities at the same positions, when
+    /// asked for ([`TrainModel::forward_with_reference`]).
+    pub reference: Option<Vec<Vec<f32>>>,
+    /// Wall time of the reference's own blocks and output projection.
+    pub reference_ms: f64,
+}
+
+/// What the output projection gives at the scored rows.
+struct Head {
+    final_scale: Vec<f32>,
+    scored_normed: Vec<f32>,
+    softmax: Vec<f32>,
+    logprobs: Vec<f32>,
 }
 
 impl Tape {
@@ -173,14 +186,16 @@ impl TrainModel {
         }
     }
 
-    fn projections(&self, layer: usize) -> [Projection<'_>; 7] {
+    /// Block `layer`'s projections, with their adapters when `adapted` (without: the base
+    /// model, which is LoRA's reference policy).
+    fn projections(&self, layer: usize, adapted: bool) -> [Projection<'_>; 7] {
         let tensors = self.weights.blocks[layer].tensors();
         let dims = self.shape().block_dims();
         std::array::from_fn(|m| Projection {
             weight: tensors[PROJECTIONS[m]],
             inputs: dims[PROJECTIONS[m]].1,
             outputs: dims[PROJECTIONS[m]].0,
-            lora: self.adapters.as_ref().and_then(|a| a.blocks[layer][m].as_ref()),
+            lora: self.adapters.as_ref().filter(|_| adapted).and_then(|a| a.blocks[layer][m].as_ref()),
         })
     }
 
@@ -204,21 +219,43 @@ impl TrainModel {
     /// Runs `examples` packed into one micro-batch and keeps the tape; log-probabilities are
     /// those of the logits divided by `temperature` (the sampling distribution's).
     pub fn forward(&self, examples: &[Example<'_>], temperature: f32) -> Result<Tape, BatchError> {
-        self.run(examples, temperature, true)
+        self.run(examples, temperature, true, false)
+    }
+
+    /// [`Self::forward`], and in [`Tape::reference`] the log-probabilities of the reference
+    /// policy, the base model (adapters off). The blocks below the lowest adapted one are the
+    /// same in both, so they run once: with adapters on the top 8 of 30 blocks, the reference
+    /// costs 8 blocks' forward instead of a whole second pass. Without adapters the reference
+    /// is the model itself.
+    pub fn forward_with_reference(&self, examples: &[Example<'_>], temperature: f32) -> Result<Tape, BatchError> {
+        self.run(examples, temperature, true, true)
     }
 
     /// The log-probabilities [`Self::forward`] computes, without a tape: each layer's
     /// activations are freed as the next is computed (a reference or old-policy pass needs no
     /// backward, and its gigabytes of activations cost their memory traffic for nothing).
     pub fn score(&self, examples: &[Example<'_>], temperature: f32) -> Result<Vec<Vec<f32>>, BatchError> {
-        Ok(self.run(examples, temperature, false)?.logprobs)
+        Ok(self.run(examples, temperature, false, false)?.logprobs)
+    }
+
+    /// [`Self::score`] and the reference policy's log-probabilities, sharing the blocks below
+    /// the lowest adapted one as [`Self::forward_with_reference`] does, and the wall time of
+    /// the reference's own share in milliseconds.
+    pub fn score_with_reference(
+        &self,
+        examples: &[Example<'_>],
+        temperature: f32,
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, f64), BatchError> {
+        let tape = self.run(examples, temperature, false, true)?;
+        Ok((tape.logprobs, tape.reference.unwrap_or_default(), tape.reference_ms))
     }
 
     /// The forward pass; `keep`: whether the tape keeps the activations of every block from
-    /// the lowest trained one up (the backward pass needs no others).
-    fn run(&self, examples: &[Example<'_>], temperature: f32, keep: bool) -> Result<Tape, BatchError> {
+    /// the lowest trained one up (the backward pass needs no others); `reference`: whether it
+    /// also runs the blocks from the lowest adapted one up with the adapters off.
+    fn run(&self, examples: &[Example<'_>], temperature: f32, keep: bool, reference: bool) -> Result<Tape, BatchError> {
         let s = self.shape().clone();
-        let (hidden, kv_width, ffn, vocabulary) = (s.hidden, s.kv_width(), s.ffn, s.vocabulary);
+        let (hidden, vocabulary) = (s.hidden, s.vocabulary);
         for (e, example) in examples.iter().enumerate() {
             if example.tokens.len() > s.context {
                 return Err(BatchError(format!(
@@ -252,93 +289,44 @@ impl TrainModel {
             }
         }
         let Layout { tokens, positions, segments, .. } = layout;
-        let n = tokens.len();
-        let mut x = Vec::with_capacity(n * hidden);
+        let mut x = Vec::with_capacity(tokens.len() * hidden);
         for &t in &tokens {
             x.extend_from_slice(&self.weights.embedding[t as usize * hidden..][..hidden]);
         }
-        let first_layer = if keep { self.first_trained_layer() } else { s.layers };
+        let split = self.first_trained_layer();
+        let first_layer = if keep { split } else { s.layers };
+        let mut reference_input = None;
         let mut layers = Vec::with_capacity(s.layers - first_layer);
         for l in 0..s.layers {
-            let block = &self.weights.blocks[l];
-            let [pq, pk, pv, po, pg, pu, pd] = self.projections(l);
-            let mut lora_inputs: [Vec<f32>; 7] = Default::default();
-            let (scale1, normed1) = rms_norm(&x, &block.attention_norm, s.eps);
-            let mut q = self.project(&pq, &normed1, n, &mut lora_inputs[0]);
-            let mut k = self.project(&pk, &normed1, n, &mut lora_inputs[1]);
-            let v = self.project(&pv, &normed1, n, &mut lora_inputs[2]);
-            self.rotate(&mut q, &positions, s.heads, false);
-            self.rotate(&mut k, &positions, s.kv_heads, false);
-            let (probs, attended) = self.attention(&q, &k, &v, &segments);
-            let o = self.project(&po, &attended, n, &mut lora_inputs[3]);
-            let x2: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
-            let (scale2, normed2) = rms_norm(&x2, &block.ffn_norm, s.eps);
-            let gate = self.project(&pg, &normed2, n, &mut lora_inputs[4]);
-            let up = self.project(&pu, &normed2, n, &mut lora_inputs[5]);
-            let mut activated = negative_exps(&gate, ffn);
-            activated.par_iter_mut().zip(&gate).zip(&up).for_each(|((a, g), u)| *a = g / (1.0 + *a) * u);
-            let down = self.project(&pd, &activated, n, &mut lora_inputs[6]);
-            let next: Vec<f32> = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
-            debug_assert_eq!(activated.len(), n * ffn);
-            debug_assert_eq!(k.len(), n * kv_width);
-            if l < first_layer {
-                x = next;
-                continue;
+            if reference && l == split {
+                reference_input = Some(x.clone());
             }
-            layers.push(LayerTape {
-                x: std::mem::replace(&mut x, next),
-                scale1,
-                normed1,
-                q,
-                k,
-                v,
-                probs,
-                attended,
-                x2,
-                scale2,
-                normed2,
-                gate,
-                up,
-                activated,
-                lora_inputs,
-            });
+            let (next, tape) = self.block(l, x, &positions, &segments, true);
+            x = next;
+            if l >= first_layer {
+                layers.push(tape);
+            }
         }
-        let (final_scale, final_normed) = rms_norm(&x, &self.weights.output_norm, s.eps);
-        let m = scored_rows.len();
-        let mut scored_normed = Vec::with_capacity(m * hidden);
-        for &r in &scored_rows {
-            scored_normed.extend_from_slice(&final_normed[r * hidden..][..hidden]);
-        }
-        let mut softmax = vec![0.0f32; m * vocabulary];
-        let output = self.weights.output_matrix();
-        gemm(
-            m,
-            hidden,
-            vocabulary,
-            View::rows(&scored_normed, hidden),
-            View::transposed(output, hidden),
-            0.0,
-            Out::rows(&mut softmax, vocabulary),
-        );
-        let mut scored_logprobs = vec![0.0f32; m];
-        softmax.par_chunks_mut(vocabulary).zip(scored_logprobs.par_iter_mut()).zip(&scored_targets).for_each(
-            |((row, logprob), &target)| {
-                row.iter_mut().for_each(|z| *z /= temperature);
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                row.iter_mut().for_each(|z| *z -= max);
-                let shifted_target = row[target as usize];
-                exp_in_place(row);
-                let sum: f32 = row.iter().sum();
-                *logprob = shifted_target - sum.ln();
-                row.iter_mut().for_each(|p| *p /= sum);
-            },
-        );
-        let mut logprobs = Vec::with_capacity(examples.len());
-        let mut taken = 0;
-        for example in examples {
-            logprobs.push(scored_logprobs[taken..taken + example.positions.len()].to_vec());
-            taken += example.positions.len();
-        }
+        let per_example = |scored: &[f32]| {
+            let mut taken = 0;
+            examples
+                .iter()
+                .map(|e| {
+                    taken += e.positions.len();
+                    scored[taken - e.positions.len()..taken].to_vec()
+                })
+                .collect::<Vec<_>>()
+        };
+        let clock = std::time::Instant::now();
+        let reference = reference_input.map(|mut x| {
+            for l in split..s.layers {
+                x = self.block(l, x, &positions, &segments, false).0;
+            }
+            per_example(&self.head(&x, &scored_rows, &scored_targets, temperature).logprobs)
+        });
+        let reference_ms = clock.elapsed().as_secs_f64() * 1e3;
+        let Head { final_scale, scored_normed, softmax, logprobs } =
+            self.head(&x, &scored_rows, &scored_targets, temperature);
         Ok(Tape {
             tokens,
             segments,
@@ -352,8 +340,100 @@ impl TrainModel {
             scored_normed,
             softmax,
             temperature,
-            logprobs,
+            logprobs: per_example(&logprobs),
+            reference,
+            reference_ms,
         })
+    }
+
+    /// Block `l` over the rows `x` (consumed): its output, and the activations its backward
+    /// pass needs; with the adapters when `adapted`.
+    fn block(
+        &self,
+        l: usize,
+        x: Vec<f32>,
+        positions: &[usize],
+        segments: &[Segment],
+        adapted: bool,
+    ) -> (Vec<f32>, LayerTape) {
+        let s = self.shape();
+        let n = positions.len();
+        let block = &self.weights.blocks[l];
+        let [pq, pk, pv, po, pg, pu, pd] = self.projections(l, adapted);
+        let mut lora_inputs: [Vec<f32>; 7] = Default::default();
+        let (scale1, normed1) = rms_norm(&x, &block.attention_norm, s.eps);
+        let mut q = self.project(&pq, &normed1, n, &mut lora_inputs[0]);
+        let mut k = self.project(&pk, &normed1, n, &mut lora_inputs[1]);
+        let v = self.project(&pv, &normed1, n, &mut lora_inputs[2]);
+        self.rotate(&mut q, positions, s.heads, false);
+        self.rotate(&mut k, positions, s.kv_heads, false);
+        let (probs, attended) = self.attention(&q, &k, &v, segments);
+        let o = self.project(&po, &attended, n, &mut lora_inputs[3]);
+        let x2: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+        let (scale2, normed2) = rms_norm(&x2, &block.ffn_norm, s.eps);
+        let gate = self.project(&pg, &normed2, n, &mut lora_inputs[4]);
+        let up = self.project(&pu, &normed2, n, &mut lora_inputs[5]);
+        let mut activated = negative_exps(&gate, s.ffn);
+        activated.par_iter_mut().zip(&gate).zip(&up).for_each(|((a, g), u)| *a = g / (1.0 + *a) * u);
+        let down = self.project(&pd, &activated, n, &mut lora_inputs[6]);
+        let next: Vec<f32> = x2.iter().zip(&down).map(|(a, b)| a + b).collect();
+        debug_assert_eq!(activated.len(), n * s.ffn);
+        debug_assert_eq!(k.len(), n * s.kv_width());
+        let tape = LayerTape {
+            x,
+            scale1,
+            normed1,
+            q,
+            k,
+            v,
+            probs,
+            attended,
+            x2,
+            scale2,
+            normed2,
+            gate,
+            up,
+            activated,
+            lora_inputs,
+        };
+        (next, tape)
+    }
+
+    /// The final norm and the output projection at the scored rows of `x`: their softmax at
+    /// `temperature` and each one's log-probability of its target.
+    fn head(&self, x: &[f32], scored_rows: &[usize], scored_targets: &[u32], temperature: f32) -> Head {
+        let (hidden, vocabulary) = (self.shape().hidden, self.shape().vocabulary);
+        let (final_scale, final_normed) = rms_norm(x, &self.weights.output_norm, self.shape().eps);
+        let m = scored_rows.len();
+        let mut scored_normed = Vec::with_capacity(m * hidden);
+        for &r in scored_rows {
+            scored_normed.extend_from_slice(&final_normed[r * hidden..][..hidden]);
+        }
+        let mut softmax = vec![0.0f32; m * vocabulary];
+        let output = self.weights.output_matrix();
+        gemm(
+            m,
+            hidden,
+            vocabulary,
+            View::rows(&scored_normed, hidden),
+            View::transposed(output, hidden),
+            0.0,
+            Out::rows(&mut softmax, vocabulary),
+        );
+        let mut logprobs = vec![0.0f32; m];
+        softmax.par_chunks_mut(vocabulary).zip(logprobs.par_iter_mut()).zip(scored_targets).for_each(
+            |((row, logprob), &target)| {
+                row.iter_mut().for_each(|z| *z /= temperature);
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter_mut().for_each(|z| *z -= max);
+                let shifted_target = row[target as usize];
+                exp_in_place(row);
+                let sum: f32 = row.iter().sum();
+                *logprob = shifted_target - sum.ln();
+                row.iter_mut().for_each(|p| *p /= sum);
+            },
+        );
+        Head { final_scale, scored_normed, softmax, logprobs }
     }
 
     /// `x·Wᵀ (+ scale·(x·Aᵀ)·Bᵀ)`, keeping `x·Aᵀ` in `lora_input`.
@@ -703,7 +783,7 @@ impl TrainModel {
         dx: Option<&mut [f32]>,
         grads: &mut Grads,
     ) {
-        let projection = &self.projections(l)[m];
+        let projection = &self.projections(l, true)[m];
         let rows = dy.len() / projection.outputs;
         let weight_grad = grads.base.as_mut().and_then(|b| b.blocks[l].tensors_mut().into_iter().nth(PROJECTIONS[m]));
         let lora_grad = grads.adapters.as_mut().and_then(|a| a.blocks[l][m].as_mut());

@@ -147,6 +147,27 @@ fn merged_adapters_give_the_adapted_log_probabilities() {
     assert!(gap(&adapted, &base) > 1e-3, "the adapters changed nothing");
 }
 
+#[test]
+fn the_reference_is_the_base_model_and_shares_the_blocks_below_the_adapters() {
+    let weights = random(tiny_shape(), true, 8);
+    let base = TrainModel::new(weights.clone()).score(&examples(), 0.7).unwrap();
+    for top_layers in [Some(1), None] {
+        let method = LoraMethod { top_layers, ..LoraMethod::everywhere(2, 4.0) };
+        let mut model = TrainModel::new(weights.clone());
+        model.adapters = Some(with_nonzero_b(new_adapters(&weights, &method, 9)));
+        let tape = model.forward_with_reference(&examples(), 0.7).unwrap();
+        assert_eq!(tape.reference.as_ref(), Some(&base), "top {top_layers:?}: the reference is not the base model");
+        assert_ne!(tape.logprobs, base, "the adapters changed nothing");
+        let (policy, reference, _) = model.score_with_reference(&examples(), 0.7).unwrap();
+        assert_eq!((&policy, &reference), (&tape.logprobs, &base));
+        // The policy's tape is the one a forward pass without the reference keeps.
+        let dlogp = vec![COEFFICIENTS[..4].to_vec(), COEFFICIENTS[4..].to_vec()];
+        let mut grads = model.zero_grads();
+        model.backward(tape, &dlogp, &mut grads).unwrap();
+        assert_eq!(grads.tensors(), gradient(&model).tensors());
+    }
+}
+
 fn batch() -> Vec<TrainSequence> {
     (0..5)
         .map(|i| {

@@ -13,7 +13,7 @@ use crate::agent::Role;
 use crate::selfplay::SelfPlay;
 use crate::selfplay::stages::{elapsed_ms, failed};
 use crate::selfplay::training::{Published, TrainState, by_training, publish_version};
-use sesa_models::train::{TrainSequence, logprobs};
+use sesa_models::train::{TrainSequence, logprobs, logprobs_with_reference};
 
 /// Mean and largest absolute difference between two log-probability lists, over the pairs.
 fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &mut usize) {
@@ -111,30 +111,30 @@ pub(super) fn update_role(
     let misstep: Vec<Option<Vec<bool>>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
-    let clock = Instant::now();
-    let reference = if config.loss.kl_coef > 0.0 {
-        Some(
-            match &state.reference {
-                Some(model) => logprobs(model, sequences, plan.temperature, budget),
-                None => {
-                    // LoRA: the base weights are the reference.
-                    let adapters = state.trainer.model.adapters.take();
-                    let out = state.trainer.logprobs(sequences, plan.temperature);
-                    state.trainer.model.adapters = adapters;
-                    out
-                }
-            }
-            .map_err(|e| e.to_string())?,
-        )
-    } else {
-        None
-    };
-    timings.reference_ms += elapsed_ms(clock);
     let mini_batches = split(sequences.len(), config.mini_batch);
     let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
+    let kl = config.loss.kl_coef > 0.0;
+    // The reference policy: a model of its own (full fine-tuning), or the base weights under
+    // the adapters (LoRA), whose log-probabilities come from the same forward passes as the
+    // policy's, sharing the blocks below the lowest adapter: in the training pass itself when
+    // one pass is all the update runs, else in the old policy's pass.
+    let shared = kl && state.reference.is_none();
+    let clock = Instant::now();
+    let mut reference = match &state.reference {
+        Some(model) if kl => Some(logprobs(model, sequences, plan.temperature, budget).map_err(|e| e.to_string())?),
+        _ => None,
+    };
+    timings.reference_ms += elapsed_ms(clock);
     let clock = Instant::now();
     let old = if fused {
         None
+    } else if shared {
+        let (old, base, base_ms) = logprobs_with_reference(&state.trainer.model, sequences, plan.temperature, budget)
+            .map_err(|e| e.to_string())?;
+        reference = Some(base);
+        timings.reference_ms += base_ms;
+        timings.old_logprobs_ms -= base_ms;
+        Some(old)
     } else {
         Some(state.trainer.logprobs(sequences, plan.temperature).map_err(|e| e.to_string())?)
     };
@@ -155,38 +155,50 @@ pub(super) fn update_role(
             let (mut pg, mut kl, mut clipped, mut entropy) = (0.0, 0.0, 0usize, 0.0);
             let report = state
                 .trainer
-                .step(chunk, plan.temperature, &config.optimizer, plan.total_lr_steps, &mut |k, current| {
-                    let i = range.start + k;
-                    let old = old.as_ref().map_or(current, |o| o[i].as_slice());
-                    if fused {
-                        gap(current, &serving[i], &mut gap_sum, &mut gap_max, &mut gap_count);
-                    }
-                    let mut value = 0.0;
-                    let derivative = (0..current.len())
-                        .map(|t| {
-                            let r = reference.as_ref().map(|r| r[i][t]);
-                            let penalty =
-                                if misstep[i].as_ref().is_some_and(|m| m[t]) { config.misstep_penalty } else { 0.0 };
-                            let advantage = token_advantage(
-                                samples[i].advantage - penalty,
-                                old[t],
-                                guided[i].as_deref(),
-                                t,
-                                config,
-                            );
-                            let terms = config.loss.token(current[t], old[t], r, advantage);
-                            value += terms.loss * weight;
-                            pg += terms.policy * weight;
-                            kl += terms.kl * weight;
-                            clipped += usize::from(terms.clipped);
-                            entropy -= f64::from(current[t]) * weight;
-                            (terms.derivative * weight) as f32
-                        })
-                        .collect();
-                    (value, derivative)
-                })
+                .step(
+                    chunk,
+                    plan.temperature,
+                    &config.optimizer,
+                    plan.total_lr_steps,
+                    fused && shared,
+                    &mut |k, current, base| {
+                        let i = range.start + k;
+                        let old = old.as_ref().map_or(current, |o| o[i].as_slice());
+                        if fused {
+                            gap(current, &serving[i], &mut gap_sum, &mut gap_max, &mut gap_count);
+                        }
+                        let mut value = 0.0;
+                        let derivative = (0..current.len())
+                            .map(|t| {
+                                let r = reference.as_ref().map(|r| r[i][t]).or(base.map(|b| b[t]));
+                                let penalty = if misstep[i].as_ref().is_some_and(|m| m[t]) {
+                                    config.misstep_penalty
+                                } else {
+                                    0.0
+                                };
+                                let advantage = token_advantage(
+                                    samples[i].advantage - penalty,
+                                    old[t],
+                                    guided[i].as_deref(),
+                                    t,
+                                    config,
+                                );
+                                let terms = config.loss.token(current[t], old[t], r, advantage);
+                                value += terms.loss * weight;
+                                pg += terms.policy * weight;
+                                kl += terms.kl * weight;
+                                clipped += usize::from(terms.clipped);
+                                entropy -= f64::from(current[t]) * weight;
+                                (terms.derivative * weight) as f32
+                            })
+                            .collect();
+                        (value, derivative)
+                    },
+                )
                 .map_err(|e| e.to_string())?;
-            timings.forward_backward_ms += report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>();
+            let reference_ms: f64 = report.micro_batches.iter().map(|m| m.reference_ms).sum();
+            timings.reference_ms += reference_ms;
+            timings.forward_backward_ms += report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>() - reference_ms;
             timings.optimizer_ms += report.optimizer_ms;
             state.tokens_trained += report.micro_batches.iter().map(|m| m.tokens as u64).sum::<u64>();
             rows.push(UpdateRow {
@@ -311,7 +323,9 @@ impl Update {
 mod tests {
     use super::*;
     use crate::selfplay::stages::update::batch::{Sample, lack_token_ids};
-    use sesa_models::train::{ClippedObjective, OptimizerConfig, TrainModel, Trainer, baseline_advantages};
+    use sesa_models::train::{
+        ClippedObjective, LoraMethod, Method, OptimizerConfig, TrainModel, Trainer, baseline_advantages,
+    };
     use sesa_models::weights::testing::{random, tiny_shape};
 
     #[test]
@@ -425,6 +439,34 @@ mod tests {
         }
         let last = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         assert!(last[0].kl > 0.0, "the policy moved away from its reference");
+    }
+
+    /// LoRA's reference, the base weights under the adapters, computed in the policy's own
+    /// passes (sharing the blocks below the adapters) gives the rows that a separate copy of the
+    /// base model gives: in one fused pass, and with epochs and mini-batches.
+    #[test]
+    fn the_lora_reference_from_the_policys_own_passes_is_a_separate_base_models() {
+        let batch = batch(&[1.0, -1.0, 1.0, -1.0]);
+        for config in [config(1, None), config(2, Some(2))] {
+            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            let updates = |separate: bool| {
+                let mut state = state();
+                let method = Method::Lora(LoraMethod { top_layers: Some(1), ..LoraMethod::everywhere(2, 4.0) });
+                let weights = state.trainer.model.weights.clone();
+                state.trainer = Trainer::new(TrainModel::for_method(weights, &method), 64);
+                if !separate {
+                    state.reference = None;
+                }
+                (0..3)
+                    .flat_map(|_| update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap())
+                    .map(|r| (r.kl, r.loss, r.pg_loss, r.grad_norm, r.entropy))
+                    .collect::<Vec<_>>()
+            };
+            let shared = updates(false);
+            assert_eq!(shared[0].0, 0.0, "adapters with B = 0 are the base model");
+            assert!(shared.last().unwrap().0 > 0.0, "the adapters moved the policy from its reference");
+            assert_eq!(shared, updates(true), "ppo_epochs {}", config.ppo_epochs);
+        }
     }
 
     /// One update of a fresh state on `batch` under `config`: its policy-gradient loss and
