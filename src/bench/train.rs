@@ -3,7 +3,9 @@
 //! with the prompt shared and apart, alternated.
 
 use anyhow::Result;
-use sesa_models::train::{LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer};
+use sesa_models::train::{
+    LoraMethod, Method, OptimizerConfig, TrainModel, TrainSequence, Trainer, logprobs_with_reference,
+};
 
 /// What `sesa bench-train` measures.
 pub struct TrainBench {
@@ -90,9 +92,18 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                 let clock = std::time::Instant::now();
                 trainer.logprobs(&sequences, 1.0)?;
                 let forward = clock.elapsed().as_secs_f64();
+                // LoRA's KL reference, as the update computes it: in the policy's own pass, from
+                // the lowest adapted block up (a separate pass would cost `forward alone`).
+                let reference = match trainer.model.adapters {
+                    Some(_) => {
+                        let (_, _, ms) = logprobs_with_reference(&trainer.model, &sequences, 1.0, *budget)?;
+                        format!(", its KL reference {:.2} s more", ms / 1e3)
+                    }
+                    None => String::new(),
+                };
                 let label = if name.is_empty() { String::new() } else { format!(" {name}") };
                 println!(
-                    "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s, forward alone {forward:.2} s",
+                    "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s, forward alone {forward:.2} s{reference}",
                     step + 1,
                     all_tokens as f64 / seconds,
                     report.optimizer_ms / 1e3,
