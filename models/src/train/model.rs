@@ -307,6 +307,9 @@ impl TrainModel {
                 layers.push(tape);
             }
         }
+        if reference && split >= s.layers {
+            reference_input = Some(x.clone());
+        }
         let per_example = |scored: &[f32]| {
             let mut taken = 0;
             examples

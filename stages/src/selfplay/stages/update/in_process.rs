@@ -113,15 +113,17 @@ pub(super) fn update_role(
     let budget = state.trainer.micro_batch_tokens;
     let mini_batches = split(sequences.len(), config.mini_batch);
     let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
-    let kl = config.loss.kl_coef > 0.0;
+    let with_kl = config.loss.kl_coef > 0.0;
     // The reference policy: a model of its own (full fine-tuning), or the base weights under
     // the adapters (LoRA), whose log-probabilities come from the same forward passes as the
     // policy's, sharing the blocks below the lowest adapter: in the training pass itself when
     // one pass is all the update runs, else in the old policy's pass.
-    let shared = kl && state.reference.is_none();
+    let shared = with_kl && state.reference.is_none();
     let clock = Instant::now();
     let mut reference = match &state.reference {
-        Some(model) if kl => Some(logprobs(model, sequences, plan.temperature, budget).map_err(|e| e.to_string())?),
+        Some(model) if with_kl => {
+            Some(logprobs(model, sequences, plan.temperature, budget).map_err(|e| e.to_string())?)
+        }
         _ => None,
     };
     timings.reference_ms += elapsed_ms(clock);
