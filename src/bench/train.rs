@@ -96,8 +96,8 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                 // the lowest adapted block up (a separate pass would cost `forward alone`).
                 let reference = match trainer.model.adapters {
                     Some(_) => {
-                        let (_, _, ms) = logprobs_with_reference(&trainer.model, &sequences, 1.0, *budget)?;
-                        format!(", its KL reference {:.2} s more", ms / 1e3)
+                        let scored = logprobs_with_reference(&trainer.model, &sequences, 1.0, *budget)?;
+                        format!(", its KL reference {:.2} s more", scored.reference_ms / 1e3)
                     }
                     None => String::new(),
                 };

@@ -24,7 +24,9 @@ use rand_chacha::ChaCha8Rng;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use self::model::{Adapters, BatchError, Example, Grads, Lora, MODULES, PROJECTIONS, Tape, TrainModel};
+pub use self::model::{
+    Adapters, BatchError, Example, Grads, Lora, MODULES, PROJECTIONS, Tape, TrainModel, WithReference,
+};
 pub use self::objective::{ClippedObjective, TokenTerms, baseline_advantages, group_advantages};
 pub use self::optim::{AdamW, OptimizerConfig, Schedule, global_norm};
 pub use self::packing::micro_batches;
@@ -355,22 +357,22 @@ pub fn logprobs(
 }
 
 /// [`logprobs`] and, in the same passes, the reference policy's (the base model's, adapters
-/// off; see [`TrainModel::score_with_reference`]), and the wall time of the reference's share.
+/// off; see [`TrainModel::score_with_reference`]).
 pub fn logprobs_with_reference(
     model: &TrainModel,
     sequences: &[TrainSequence],
     temperature: f32,
     budget: usize,
-) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, f64), BatchError> {
+) -> Result<WithReference, BatchError> {
     let packed = Packed::new(sequences, budget);
-    let (mut current, mut reference, mut reference_ms) = (Vec::new(), Vec::new(), 0.0);
+    let mut out = WithReference::default();
     for range in packed.micro_batches.iter().cloned() {
-        let (c, r, ms) = model.score_with_reference(&packed.examples(range), temperature)?;
-        current.extend(c);
-        reference.extend(r);
-        reference_ms += ms;
+        let scored = model.score_with_reference(&packed.examples(range), temperature)?;
+        out.policy.extend(scored.policy);
+        out.reference.extend(scored.reference);
+        out.reference_ms += scored.reference_ms;
     }
-    Ok((current, reference, reference_ms))
+    Ok(out)
 }
 
 /// A model with the state its optimizer keeps.

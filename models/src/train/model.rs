@@ -137,6 +137,17 @@ pub struct Tape {
     pub reference_ms: f64,
 }
 
+/// Log-probabilities of the policy and of its reference, per example at its positions.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct WithReference {
+    /// The policy's.
+    pub policy: Vec<Vec<f32>>,
+    /// The reference policy's (the base model's, adapters off).
+    pub reference: Vec<Vec<f32>>,
+    /// Wall time of the reference's own share of the passes, in milliseconds.
+    pub reference_ms: f64,
+}
+
 /// What the output projection gives at the scored rows.
 struct Head {
     final_scale: Vec<f32>,
@@ -239,15 +250,18 @@ impl TrainModel {
     }
 
     /// [`Self::score`] and the reference policy's log-probabilities, sharing the blocks below
-    /// the lowest adapted one as [`Self::forward_with_reference`] does, and the wall time of
-    /// the reference's own share in milliseconds.
+    /// the lowest adapted one as [`Self::forward_with_reference`] does.
     pub fn score_with_reference(
         &self,
         examples: &[Example<'_>],
         temperature: f32,
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, f64), BatchError> {
+    ) -> Result<WithReference, BatchError> {
         let tape = self.run(examples, temperature, false, true)?;
-        Ok((tape.logprobs, tape.reference.unwrap_or_default(), tape.reference_ms))
+        Ok(WithReference {
+            policy: tape.logprobs,
+            reference: tape.reference.unwrap_or_default(),
+            reference_ms: tape.reference_ms,
+        })
     }
 
     /// The forward pass; `keep`: whether the tape keeps the activations of every block from

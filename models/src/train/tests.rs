@@ -158,8 +158,8 @@ fn the_reference_is_the_base_model_and_shares_the_blocks_below_the_adapters() {
         let tape = model.forward_with_reference(&examples(), 0.7).unwrap();
         assert_eq!(tape.reference.as_ref(), Some(&base), "top {top_layers:?}: the reference is not the base model");
         assert_ne!(tape.logprobs, base, "the adapters changed nothing");
-        let (policy, reference, _) = model.score_with_reference(&examples(), 0.7).unwrap();
-        assert_eq!((&policy, &reference), (&tape.logprobs, &base));
+        let scored = model.score_with_reference(&examples(), 0.7).unwrap();
+        assert_eq!((&scored.policy, &scored.reference), (&tape.logprobs, &base));
         // The policy's tape is the one a forward pass without the reference keeps.
         let dlogp = vec![COEFFICIENTS[..4].to_vec(), COEFFICIENTS[4..].to_vec()];
         let mut grads = model.zero_grads();

@@ -131,12 +131,12 @@ pub(super) fn update_role(
     let old = if fused {
         None
     } else if shared {
-        let (old, base, base_ms) = logprobs_with_reference(&state.trainer.model, sequences, plan.temperature, budget)
+        let scored = logprobs_with_reference(&state.trainer.model, sequences, plan.temperature, budget)
             .map_err(|e| e.to_string())?;
-        reference = Some(base);
-        timings.reference_ms += base_ms;
-        timings.old_logprobs_ms -= base_ms;
-        Some(old)
+        reference = Some(scored.reference);
+        timings.reference_ms += scored.reference_ms;
+        timings.old_logprobs_ms -= scored.reference_ms;
+        Some(scored.policy)
     } else {
         Some(state.trainer.logprobs(sequences, plan.temperature).map_err(|e| e.to_string())?)
     };
