@@ -89,18 +89,18 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                 let forward_backward: f64 = report.micro_batches.iter().map(|m| m.wall_ms).sum::<f64>() / 1e3;
                 let loss = report.micro_batches.iter().map(|m| m.loss).sum::<f64>() / scored_total.max(1) as f64;
                 // A forward pass alone, as the update's KL reference and old-policy passes run it.
+                // With LoRA, the same pass also gives the KL reference as the update computes it:
+                // from the lowest adapted block up (a separate pass would cost `forward alone`).
+                let lora = trainer.model.adapters.is_some();
                 let clock = std::time::Instant::now();
-                trainer.logprobs(&sequences, 1.0)?;
-                let forward = clock.elapsed().as_secs_f64();
-                // LoRA's KL reference, as the update computes it: in the policy's own pass, from
-                // the lowest adapted block up (a separate pass would cost `forward alone`).
-                let reference = match trainer.model.adapters {
-                    Some(_) => {
-                        let scored = logprobs_with_reference(&trainer.model, &sequences, 1.0, *budget)?;
-                        format!(", its KL reference {:.2} s more", scored.reference_ms / 1e3)
-                    }
-                    None => String::new(),
+                let reference_s = if lora {
+                    logprobs_with_reference(&trainer.model, &sequences, 1.0, *budget)?.reference_ms / 1e3
+                } else {
+                    trainer.logprobs(&sequences, 1.0)?;
+                    0.0
                 };
+                let forward = clock.elapsed().as_secs_f64() - reference_s;
+                let reference = if lora { format!(", its KL reference {reference_s:.2} s more") } else { String::new() };
                 let label = if name.is_empty() { String::new() } else { format!(" {name}") };
                 println!(
                     "step {}{label}: {seconds:.2} s ({:.1} tokens/s), {rows} rows, loss {loss:.5}, forward+backward {forward_backward:.2} s, optimizer {:.2} s, forward alone {forward:.2} s{reference}",

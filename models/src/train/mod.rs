@@ -348,12 +348,7 @@ pub fn logprobs(
     temperature: f32,
     budget: usize,
 ) -> Result<Vec<Vec<f32>>, BatchError> {
-    let packed = Packed::new(sequences, budget);
-    let mut out = Vec::with_capacity(sequences.len());
-    for range in packed.micro_batches.iter().cloned() {
-        out.extend(model.score(&packed.examples(range), temperature)?);
-    }
-    Ok(out)
+    Ok(scores(model, sequences, temperature, budget, false)?.policy)
 }
 
 /// [`logprobs`] and, in the same passes, the reference policy's (the base model's, adapters
@@ -364,13 +359,29 @@ pub fn logprobs_with_reference(
     temperature: f32,
     budget: usize,
 ) -> Result<WithReference, BatchError> {
+    scores(model, sequences, temperature, budget, true)
+}
+
+/// The passes of [`logprobs`], with the reference's log-probabilities when `reference`.
+fn scores(
+    model: &TrainModel,
+    sequences: &[TrainSequence],
+    temperature: f32,
+    budget: usize,
+    reference: bool,
+) -> Result<WithReference, BatchError> {
     let packed = Packed::new(sequences, budget);
     let mut out = WithReference::default();
     for range in packed.micro_batches.iter().cloned() {
-        let scored = model.score_with_reference(&packed.examples(range), temperature)?;
-        out.policy.extend(scored.policy);
-        out.reference.extend(scored.reference);
-        out.reference_ms += scored.reference_ms;
+        let examples = packed.examples(range);
+        if reference {
+            let scored = model.score_with_reference(&examples, temperature)?;
+            out.policy.extend(scored.policy);
+            out.reference.extend(scored.reference);
+            out.reference_ms += scored.reference_ms;
+        } else {
+            out.policy.extend(model.score(&examples, temperature)?);
+        }
     }
     Ok(out)
 }

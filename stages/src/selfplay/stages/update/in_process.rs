@@ -13,7 +13,7 @@ use crate::agent::Role;
 use crate::selfplay::SelfPlay;
 use crate::selfplay::stages::{elapsed_ms, failed};
 use crate::selfplay::training::{Published, TrainState, by_training, publish_version};
-use sesa_models::train::{TrainSequence, logprobs, logprobs_with_reference};
+use sesa_models::train::{TrainSequence, WithReference, logprobs, logprobs_with_reference};
 
 /// Mean and largest absolute difference between two log-probability lists, over the pairs.
 fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &mut usize) {
@@ -130,17 +130,21 @@ pub(super) fn update_role(
     let clock = Instant::now();
     let old = if fused {
         None
-    } else if shared {
-        let scored = logprobs_with_reference(&state.trainer.model, sequences, plan.temperature, budget)
-            .map_err(|e| e.to_string())?;
-        reference = Some(scored.reference);
-        timings.reference_ms += scored.reference_ms;
-        timings.old_logprobs_ms -= scored.reference_ms;
-        Some(scored.policy)
     } else {
-        Some(state.trainer.logprobs(sequences, plan.temperature).map_err(|e| e.to_string())?)
+        let scored = if shared {
+            logprobs_with_reference(&state.trainer.model, sequences, plan.temperature, budget)
+        } else {
+            state
+                .trainer
+                .logprobs(sequences, plan.temperature)
+                .map(|policy| WithReference { policy, ..Default::default() })
+        }
+        .map_err(|e| e.to_string())?;
+        timings.reference_ms += scored.reference_ms;
+        timings.old_logprobs_ms += elapsed_ms(clock) - scored.reference_ms;
+        reference = reference.or(shared.then_some(scored.reference));
+        Some(scored.policy)
     };
-    timings.old_logprobs_ms += elapsed_ms(clock);
     let (mut gap_sum, mut gap_max, mut gap_count) = (0.0, 0.0f64, 0usize);
     if let Some(old) = &old {
         for (o, s) in old.iter().zip(&serving) {
