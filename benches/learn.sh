@@ -39,7 +39,8 @@ METHOD="${METHOD:-lora}"
 # LoRA and its rates are specs/learn.yaml's own: only full fine-tuning and WARM_LR/LR override it.
 case "$METHOD" in
   lora) method=() ;;
-  full) method=(--set 'trainer.method={kind: full}'); WARM_LR="${WARM_LR:-3.0e-5}"; LR="${LR:-2.0e-5}" ;;
+  full) method=(--set 'trainer.method={kind: full}' --set trainer.update_method=null)
+    WARM_LR="${WARM_LR:-3.0e-5}"; LR="${LR:-2.0e-5}" ;;
   *) echo "METHOD must be lora or full, not $METHOD" >&2; exit 2 ;;
 esac
 warm_args=("${method[@]}")
@@ -47,13 +48,14 @@ if [ -n "${WARM_LR:-}" ]; then warm_args+=(--set stages.warmup.optimizer.lr="$WA
 rl_args=("${method[@]}")
 if [ -n "${LR:-}" ]; then rl_args+=(--set stages.update.optimizer.lr="$LR"); fi
 WARM_RUN="${WARM_RUN:-}"
-# The recipe as measured in docs/learning.md, from before specs/learn.yaml took SSP's rules and
-# proposer demonstrations of every depth (benches/depth.sh runs those): relaxed rules, the
-# proposer shown one and two hops, the reuse pool emptied every step.
+# The recipe as measured in docs/learning.md, from before specs/learn.yaml took SSP's rules,
+# proposer demonstrations of every depth (benches/depth.sh runs those) and RL on the top 8
+# blocks: relaxed rules, the proposer shown one and two hops, the reuse pool emptied every
+# step, RL on every block.
 relaxed='{min_words: 4, min_searches: 1}'
 warm_args+=(--set stages.warmup.world.proposer_max_hops=2 --set "stages.warmup.world.rules=$relaxed")
 rl_args+=(--set "stages.propose.rules=$relaxed" --set stages.propose.min_hops=null
-  --set stages.verify.pool_clear_interval=1)
+  --set stages.verify.pool_clear_interval=1 --set trainer.update_method=null)
 source benches/learn-common.sh
 
 if [ -n "$WARM_RUN" ]; then

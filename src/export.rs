@@ -69,10 +69,10 @@ pub async fn export_policy(
             "run `{name}` serves `{key}:` with another backend than `candle`: its weights were not trained in process"
         )
     };
-    let method = spec.section::<TrainerSection>().map(|s| s.method.clone()).unwrap_or(sesa_models::train::Method::Full);
+    let trainer = spec.section::<TrainerSection>().map(|s| (*s).clone()).unwrap_or_default();
     let source = sesa_stages::sections::local_model(&config.model).await?;
     let files = tokio::task::spawn_blocking(move || ModelFiles::read(&source)).await?.map_err(anyhow::Error::msg)?;
-    let (version, weights) = weights_at(root, run.id(), model, version, files.weights.clone(), &method)
+    let (version, weights) = weights_at(root, run.id(), model, version, files.weights.clone(), &trainer)
         .await
         .with_context(|| format!("reading the checkpoints of `{name}`"))?;
     let target = out.to_path_buf();

@@ -236,6 +236,7 @@ fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
         "world.entities=5",
         "memory.capacity=18446744073709551615",
         "trainer.method={kind: lora, rank: 16, alpha: 32, top_layers: 0}",
+        "trainer.update_method={kind: lora, rank: 0, alpha: 32}",
     ]
     .map(String::from)
     .to_vec();
@@ -250,8 +251,25 @@ fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
         "world.entities: must be between 10 and 10000000, got 5",
         "memory.capacity: must be between 1 and 1000000, got 18446744073709551615",
         "trainer.method.top_layers: must be at least 1 (leave it out to adapt every block)",
+        "trainer.update_method.rank: must be between 1 and 4096, got 0",
     ] {
         assert!(errors.contains(expected), "expected `{expected}` in:\n{errors}");
+    }
+}
+
+#[test]
+fn an_update_method_is_refused_unless_lora_follows_lora() {
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/quickstart.yaml");
+    for (method, update_method, expected) in [
+        ("{kind: full}", "{kind: lora, rank: 8, alpha: 16}", "needs `method` to be LoRA too"),
+        ("{kind: lora, rank: 8, alpha: 16}", "{kind: full}", "only LoRA can follow another method"),
+    ] {
+        let overrides = [format!("trainer.method={method}"), format!("trainer.update_method={update_method}")];
+        let Err(errors) = load_pipeline(&spec, &overrides, &sesa_stages::registry()) else {
+            panic!("{update_method} after {method} validated")
+        };
+        let errors = errors.to_string();
+        assert!(errors.contains(&format!("trainer.update_method: {expected}")), "{errors}");
     }
 }
 

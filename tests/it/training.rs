@@ -356,8 +356,9 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
     assert!(dir.path().join("home/exports").exists(), "the policy was exported into SESA_HOME");
 }
 
-/// LoRA carries a whole run: warm start and RL train the adapters alone (the KL reference is
-/// the base with them off), checkpoints hold the adapters and their moments only, a run
+/// LoRA carries a whole run: the warm start trains adapters on every block, RL fresh ones on
+/// the top block over the warm start's merged into the base (`update_method`; the KL
+/// reference is that base), checkpoints hold the adapters and their moments only, a run
 /// killed anywhere resumes to the same tables, and the export holds the merged weights the
 /// run served.
 #[test]
@@ -365,7 +366,8 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     let dir = setup();
     let text = std::fs::read_to_string(spec(dir.path())).unwrap().replace(
         "trainer: {micro_batch_tokens: 700}",
-        "trainer: {micro_batch_tokens: 700, method: {kind: lora, rank: 2, alpha: 4, top_layers: 1}}",
+        "trainer: {micro_batch_tokens: 700, method: {kind: lora, rank: 2, alpha: 4}, \
+         update_method: {kind: lora, rank: 2, alpha: 4, top_layers: 1}}",
     );
     let spec = write(dir.path(), "lora.yaml", &text);
     let spec_arg = spec.to_str().unwrap();
@@ -374,12 +376,18 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     for (step, writer) in [(1, "warmup"), (1, "update"), (3, "update")] {
         assert_eq!(strings(table("policy_versions", step, writer), "method"), ["lora"], "step {step} {writer}");
     }
-    let checkpoint = table("checkpoints", 3, "update");
-    let names = strings(checkpoint, "tensor");
-    // The top block only (`top_layers: 1`; the lower block trains nothing, so the backward
-    // pass stops above it): seven adapted projections, A and B each, then AdamW's two moments.
-    assert_eq!(names.iter().filter(|n| n.starts_with("adapters.")).count(), 14);
-    assert!(names.iter().all(|n| ["adapters.", "adam_m.", "adam_v."].iter().any(|p| n.starts_with(p))), "{names:?}");
+    let count = |names: &[String], prefix: &str| names.iter().filter(|n| n.starts_with(prefix)).count();
+    // The warm start: both blocks' seven projections, A and B each.
+    let names = strings(table("checkpoints", 1, "warmup"), "tensor");
+    assert_eq!((count(&names, "adapters."), count(&names, "merged.")), (28, 0), "{names:?}");
+    let names = strings(table("checkpoints", 3, "update"), "tensor");
+    // RL: the top block only (the lower block trains nothing, so the backward pass stops above
+    // it), AdamW's two moments, and the warm start's adapters, merged into the base.
+    assert_eq!((count(&names, "adapters."), count(&names, "merged.")), (14, 28), "{names:?}");
+    assert!(
+        names.iter().all(|n| ["adapters.", "adam_m.", "adam_v.", "merged."].iter().any(|p| n.starts_with(p))),
+        "{names:?}"
+    );
     let bytes = integers(table("policy_versions", 3, "update"), "checkpoint_bytes")[0];
     let weights = ModelFiles::read(&dir.path().join("tiny")).unwrap().weights;
     let full = 3

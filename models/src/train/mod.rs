@@ -156,7 +156,13 @@ impl Adapters {
     /// The weights with every adapter merged in (`W + scale·B·A`): what serving and export use.
     pub fn merged(&self, base: &LlamaWeights) -> LlamaWeights {
         let mut merged = base.clone();
-        for (block, adapters) in merged.blocks.iter_mut().zip(&self.blocks) {
+        self.merge_into(&mut merged);
+        merged
+    }
+
+    /// Adds every adapter to its weight in place (`W += scale·B·A`).
+    fn merge_into(&self, weights: &mut LlamaWeights) {
+        for (block, adapters) in weights.blocks.iter_mut().zip(&self.blocks) {
             let mut tensors = block.tensors_mut().map(Some);
             let targets = PROJECTIONS.map(|t| tensors[t].take().expect("distinct"));
             for (weight, lora) in targets.into_iter().zip(adapters) {
@@ -175,7 +181,34 @@ impl Adapters {
                 );
             }
         }
-        merged
+    }
+
+    /// The tensors (each adapter's A, then its B), in a fixed order.
+    pub fn tensors(&self) -> Vec<&Vec<f32>> {
+        self.blocks.iter().flatten().flatten().flat_map(|l| [&l.a, &l.b]).collect()
+    }
+
+    /// [`Adapters::tensors`], mutable.
+    pub fn tensors_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        self.blocks.iter_mut().flatten().flatten().flat_map(|l| [&mut l.a, &mut l.b]).collect()
+    }
+}
+
+impl TrainModel {
+    /// Merges the adapters into the base weights and trains fresh ones as `method` says (seed
+    /// 0), keeping the merged ones in [`TrainModel::merged`]: the served policy is unchanged,
+    /// and from here on the base (LoRA's reference policy) is what was trained so far. This is
+    /// how a run warm-starts every block and then runs RL on a few. Done once, and only with
+    /// adapters: a model that merged adapters already, or that trains every weight (whose
+    /// checkpoints hold the weights themselves), is left as it is.
+    pub fn adapt_anew(&mut self, method: &LoraMethod) {
+        if self.merged.is_some() {
+            return;
+        }
+        let Some(trained) = self.adapters.take() else { return };
+        trained.merge_into(&mut self.weights);
+        self.merged = Some(trained);
+        self.adapters = Some(new_adapters(&self.weights, method, 0));
     }
 }
 
@@ -198,19 +231,11 @@ fn weight_tensors_mut(weights: &mut LlamaWeights) -> Vec<&mut Vec<f32>> {
     tensors
 }
 
-fn adapter_tensors(adapters: &Adapters) -> Vec<&Vec<f32>> {
-    adapters.blocks.iter().flatten().flatten().flat_map(|l| [&l.a, &l.b]).collect()
-}
-
-fn adapter_tensors_mut(adapters: &mut Adapters) -> Vec<&mut Vec<f32>> {
-    adapters.blocks.iter_mut().flatten().flatten().flat_map(|l| [&mut l.a, &mut l.b]).collect()
-}
-
 impl TrainModel {
     /// The trained tensors, in the optimizer's order.
     pub fn trained(&self) -> Vec<&Vec<f32>> {
         match &self.adapters {
-            Some(adapters) => adapter_tensors(adapters),
+            Some(adapters) => adapters.tensors(),
             None => weight_tensors(&self.weights),
         }
     }
@@ -218,7 +243,7 @@ impl TrainModel {
     /// The trained tensors, mutable, in the optimizer's order.
     pub fn trained_mut(&mut self) -> Vec<&mut Vec<f32>> {
         match &mut self.adapters {
-            Some(adapters) => adapter_tensors_mut(adapters),
+            Some(adapters) => adapters.tensors_mut(),
             None => weight_tensors_mut(&mut self.weights),
         }
     }
@@ -239,7 +264,7 @@ impl Grads {
     pub fn zero(&mut self) {
         use rayon::prelude::*;
         let tensors: Vec<&mut Vec<f32>> = match (&mut self.adapters, &mut self.base) {
-            (Some(adapters), _) => adapter_tensors_mut(adapters),
+            (Some(adapters), _) => adapters.tensors_mut(),
             (None, Some(base)) => weight_tensors_mut(base),
             (None, None) => Vec::new(),
         };
@@ -251,7 +276,7 @@ impl Grads {
     /// The gradient tensors, in the optimizer's order.
     pub fn tensors(&self) -> Vec<&Vec<f32>> {
         match (&self.adapters, &self.base) {
-            (Some(adapters), _) => adapter_tensors(adapters),
+            (Some(adapters), _) => adapters.tensors(),
             (None, Some(base)) => weight_tensors(base),
             (None, None) => Vec::new(),
         }
@@ -403,6 +428,15 @@ impl Trainer {
     pub fn new(model: TrainModel, micro_batch_tokens: usize) -> Trainer {
         let lengths: Vec<usize> = model.trained().iter().map(|t| t.len()).collect();
         Trainer { model, adam: AdamW::new(&lengths), micro_batch_tokens: micro_batch_tokens.max(1), grads: None }
+    }
+
+    /// [`TrainModel::adapt_anew`], with fresh optimizer state for the fresh adapters.
+    pub fn adapt_anew(&mut self, method: &LoraMethod) {
+        if self.model.merged.is_none() && self.model.adapters.is_some() {
+            self.model.adapt_anew(method);
+            self.grads = None;
+            self.reset_optimizer();
+        }
     }
 
     /// Forgets the optimizer's moments: the next step starts AdamW afresh.

@@ -53,6 +53,9 @@ pub struct TrainModel {
     pub weights: LlamaWeights,
     /// LoRA adapters, the only trained parameters when present.
     pub adapters: Option<Adapters>,
+    /// Adapters trained earlier and since merged into `weights` ([`TrainModel::adapt_anew`]):
+    /// kept because `weights` can only be rebuilt from the model's files with them.
+    pub merged: Option<Adapters>,
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -167,7 +170,7 @@ impl TrainModel {
     /// A model to train from `weights` (full fine-tuning unless adapters are added).
     pub fn new(weights: LlamaWeights) -> TrainModel {
         let (cos, sin) = weights.shape.rope_tables();
-        TrainModel { weights, adapters: None, cos, sin }
+        TrainModel { weights, adapters: None, merged: None, cos, sin }
     }
 
     /// The shapes.

@@ -168,6 +168,36 @@ fn the_reference_is_the_base_model_and_shares_the_blocks_below_the_adapters() {
     }
 }
 
+#[test]
+fn adapting_anew_merges_the_trained_adapters_into_the_base_and_serves_the_same_weights() {
+    let weights = random(tiny_shape(), true, 8);
+    let mut trainer = Trainer::new(TrainModel::new(weights.clone()), 64);
+    trainer.model.adapters = Some(with_nonzero_b(new_adapters(&weights, &LoraMethod::everywhere(2, 4.0), 9)));
+    trainer.reset_optimizer();
+    let served = trainer.model.serving_weights().into_owned();
+    let policy = TrainModel::new(served.clone()).score(&examples(), 0.7).unwrap();
+    let trained = trainer.model.adapters.clone();
+    let top = LoraMethod { top_layers: Some(1), ..LoraMethod::everywhere(2, 4.0) };
+    trainer.adapt_anew(&top);
+    let model = &trainer.model;
+    // The warm start's adapters are kept and are in the base now; the fresh ones change
+    // nothing yet (B = 0): the same weights are served, bit for bit.
+    assert_eq!(model.merged, trained);
+    assert_eq!(model.weights, served);
+    assert_eq!(*model.serving_weights(), served);
+    assert_eq!(model.score(&examples(), 0.7).unwrap(), policy);
+    // The base is LoRA's reference: the policy as it was before the switch.
+    assert_eq!(model.score_with_reference(&examples(), 0.7).unwrap().reference, policy);
+    let fresh = model.adapters.as_ref().unwrap();
+    assert!(fresh.blocks[0].iter().all(Option::is_none) && fresh.blocks[1].iter().all(Option::is_some));
+    let lengths: Vec<usize> = model.trained().iter().map(|t| t.len()).collect();
+    assert_eq!(trainer.adam.m.iter().map(Vec::len).collect::<Vec<_>>(), lengths, "moments for the fresh adapters");
+    // Once only: a second switch keeps the adapters being trained.
+    let before = trainer.model.adapters.clone();
+    trainer.adapt_anew(&LoraMethod::everywhere(2, 4.0));
+    assert_eq!(trainer.model.adapters, before);
+}
+
 fn batch() -> Vec<TrainSequence> {
     (0..5)
         .map(|i| {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Section};
 
 use super::MAX_TOKENS;
-use sesa_models::train::Method;
+use sesa_models::train::{LoraMethod, Method};
 
 /// The `trainer:` section: what is trained and how much memory a micro-batch may take.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
@@ -16,6 +16,13 @@ pub struct TrainerSection {
     /// targets}`).
     #[serde(default = "full")]
     pub method: Method,
+    /// What the `update` stage (RL) trains, when not `method`: LoRA adapters of its own, on
+    /// the weights the training before it left (`method`'s adapters merged into the base, which
+    /// then serves as the KL reference). A warm start needs every block, while RL can adapt
+    /// the top few for a shorter update: `{kind: lora, rank: 16, alpha: 32, top_layers: 8}`.
+    /// Needs `method` to be LoRA too (a checkpoint then holds both sets of adapters, megabytes).
+    #[serde(default)]
+    pub update_method: Option<Method>,
     /// Tokens per micro-batch at most; gradients of micro-batches accumulate into one
     /// optimizer step. Activations take about 1 MB per token for SmolLM2-135M.
     #[serde(default = "micro_batch_tokens")]
@@ -32,7 +39,7 @@ fn micro_batch_tokens() -> usize {
 
 impl Default for TrainerSection {
     fn default() -> Self {
-        TrainerSection { method: Method::Full, micro_batch_tokens: micro_batch_tokens() }
+        TrainerSection { method: Method::Full, update_method: None, micro_batch_tokens: micro_batch_tokens() }
     }
 }
 
@@ -46,7 +53,39 @@ impl Section for TrainerSection {
             .into_iter()
             .map(|(key, message)| ConfigProblem::new(format!("method.{key}"), message))
             .collect();
+        if let Some(update_method) = &self.update_method {
+            problems.extend(
+                update_method
+                    .problems()
+                    .into_iter()
+                    .map(|(key, message)| ConfigProblem::new(format!("update_method.{key}"), message)),
+            );
+            match (&self.method, update_method) {
+                (Method::Lora(_), Method::Lora(_)) => {}
+                (_, Method::Full) => problems.push(ConfigProblem::new(
+                    "update_method",
+                    "only LoRA can follow another method: for full fine-tuning throughout, set `method: {kind: full}` \
+                     and leave `update_method` out",
+                )),
+                (Method::Full, _) => problems.push(ConfigProblem::new(
+                    "update_method",
+                    "needs `method` to be LoRA too (after full fine-tuning, checkpoints would have to hold every \
+                     weight): set `method: {kind: lora, ...}`, or leave `update_method` out \
+                     (`--set trainer.update_method=null`)",
+                )),
+            }
+        }
         problems.extend(ConfigProblem::size("micro_batch_tokens", self.micro_batch_tokens, 1..=MAX_TOKENS));
         problems
+    }
+}
+
+impl TrainerSection {
+    /// The adapters the `update` stage trains instead of `method`'s, if any.
+    pub fn update_adapters(&self) -> Option<&LoraMethod> {
+        match &self.update_method {
+            Some(Method::Lora(lora)) => Some(lora),
+            _ => None,
+        }
     }
 }

@@ -8,8 +8,9 @@ use sesa_engine::{ArtifactStore, RunError, StageError, Steps, TableSpec, read_ta
 use sha2::{Digest, Sha256};
 
 use super::{TrainState, TrainedModel, model_column};
+use crate::sections::TrainerSection;
 use sesa_engine::columns::{Columns, Reader, schema_of};
-use sesa_models::train::{Method, TrainModel};
+use sesa_models::train::{LoraMethod, TrainModel};
 use sesa_models::weights::LlamaWeights;
 
 /// The `checkpoints` table's spec.
@@ -35,7 +36,8 @@ pub struct Checkpoint {
     pub optimizer_stage: String,
     /// The proposer's reward baseline.
     pub proposer_baseline: Option<f64>,
-    /// The name of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`.
+    /// The name of every tensor: `weights.N` or `adapters.N`, `adam_m.N`, `adam_v.N`, and
+    /// `merged.N` for adapters merged into the base weights (`trainer.update_method`).
     pub names: Vec<String>,
     /// Their bytes, one value per name.
     values: LargeBinaryArray,
@@ -73,8 +75,9 @@ impl Checkpoint {
         let trained = &state.trainer.model;
         let kind = if trained.adapters.is_some() { "adapters" } else { "weights" };
         let adam = &state.trainer.adam;
-        let groups: [(&str, Vec<&Vec<f32>>); 3] =
-            [(kind, trained.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
+        let mut groups: Vec<(&str, Vec<&Vec<f32>>)> =
+            vec![(kind, trained.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
+        groups.extend(trained.merged.as_ref().map(|merged| ("merged", merged.tensors())));
         let count = groups.iter().map(|(_, tensors)| tensors.len()).sum();
         let bytes = groups.iter().flat_map(|(_, tensors)| tensors.iter().map(|t| 4 * t.len())).sum();
         let mut names = Vec::with_capacity(count);
@@ -148,33 +151,63 @@ impl Checkpoint {
         })
     }
 
-    /// Puts the trained tensors into `model` (lengths checked); returns the optimizer's.
-    fn apply_to_model<'a>(&'a self, model: &mut TrainModel) -> Result<Vec<(&'a str, &'a [u8])>, String> {
-        let targets = model.trained_mut();
-        if self.names.len() < targets.len() {
+    /// The tensors named `{prefix}.N`, in order.
+    fn group<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a [u8])> {
+        self.tensors().filter(move |(name, _)| name.split_once('.').is_some_and(|(p, _)| p == prefix))
+    }
+
+    /// Fills `targets` from the tensors named `{prefix}.N`, which must be as many.
+    fn fill(&self, prefix: &str, targets: Vec<&mut Vec<f32>>) -> Result<(), String> {
+        let tensors: Vec<_> = self.group(prefix).collect();
+        if tensors.len() != targets.len() {
             return Err(format!(
-                "{} tensors, fewer than the {} trained here (another method or model?)",
-                self.names.len(),
+                "{} `{prefix}` tensors where {} are expected (another method or model?)",
+                tensors.len(),
                 targets.len()
             ));
         }
-        let mut tensors = self.tensors();
-        for (target, (name, bytes)) in targets.into_iter().zip(tensors.by_ref()) {
-            fill_from(target, bytes, name)?;
-        }
-        Ok(tensors.collect())
+        targets.into_iter().zip(tensors).try_for_each(|(target, (name, bytes))| fill_from(target, bytes, name))
     }
 
-    /// Puts the checkpoint's tensors into `state` (shapes checked).
-    pub fn apply(self, state: &mut TrainState) -> Result<(), String> {
+    /// With merged adapters (`trainer.update_method`), puts them into `model`'s, built from the
+    /// model's files as `trainer.method` says, and returns the adapters to switch to
+    /// ([`TrainModel::adapt_anew`]) before the trained tensors go in.
+    fn fill_merged<'m>(
+        &self,
+        model: &mut TrainModel,
+        update_adapters: Option<&'m LoraMethod>,
+    ) -> Result<Option<&'m LoraMethod>, String> {
+        if self.group("merged").next().is_none() {
+            return Ok(None);
+        }
+        let Some(update_adapters) = update_adapters else {
+            return Err("its adapters were trained on others merged into the base (`trainer.update_method`), \
+                        which the spec does not name"
+                .to_string());
+        };
+        let Some(adapters) = model.adapters.as_mut() else {
+            return Err("it holds merged adapters, and `trainer.method` is not LoRA".to_string());
+        };
+        self.fill("merged", adapters.tensors_mut())?;
+        Ok(Some(update_adapters))
+    }
+
+    /// Puts the trained tensors into `model` (after [`Self::fill_merged`]).
+    fn fill_trained(&self, model: &mut TrainModel) -> Result<(), String> {
+        let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
+        self.fill(kind, model.trained_mut())
+    }
+
+    /// Puts the checkpoint's tensors into `state`, whose trainer was built from the model's
+    /// files as `trainer.method` says (shapes checked).
+    pub fn apply(self, state: &mut TrainState, update_adapters: Option<&LoraMethod>) -> Result<(), String> {
         let trainer = &mut state.trainer;
-        let moments = self.apply_to_model(&mut trainer.model)?;
-        if moments.len() != trainer.adam.m.len() + trainer.adam.v.len() {
-            return Err(format!("{} optimizer moments, expected {}", moments.len(), 2 * trainer.adam.m.len()));
+        if let Some(update_adapters) = self.fill_merged(&mut trainer.model, update_adapters)? {
+            trainer.adapt_anew(update_adapters);
         }
-        for (moment, (name, bytes)) in trainer.adam.m.iter_mut().chain(trainer.adam.v.iter_mut()).zip(moments) {
-            fill_from(moment, bytes, name)?;
-        }
+        self.fill_trained(&mut trainer.model)?;
+        self.fill("adam_m", trainer.adam.m.iter_mut().collect())?;
+        self.fill("adam_v", trainer.adam.v.iter_mut().collect())?;
         trainer.adam.step = self.adam_step;
         state.version = self.version;
         state.tokens_trained = self.tokens_trained;
@@ -208,7 +241,7 @@ pub(super) fn newest(
 }
 
 /// Restores the weights of `model`'s `version` (the last one when `None`) from a run's
-/// checkpoints into a model built from `initial` as `method` says: what `sesa model export`
+/// checkpoints into a model built from `initial` as `trainer` says: what `sesa model export`
 /// serves. Only that version's checkpoint is read.
 pub async fn weights_at(
     root: &ArtifactStore,
@@ -216,7 +249,7 @@ pub async fn weights_at(
     model: TrainedModel,
     version: Option<u64>,
     initial: LlamaWeights,
-    method: &Method,
+    trainer: &TrainerSection,
 ) -> Result<(u64, LlamaWeights), RunError> {
     let corrupt = |reason: String| RunError::Corrupt { location: format!("run {run_id}: checkpoints"), reason };
     let mut made = Vec::new();
@@ -248,15 +281,18 @@ pub async fn weights_at(
     let checkpoint = newest(&batches, model, Some(version))
         .map_err(|e| corrupt(e.to_string()))?
         .ok_or_else(|| corrupt(missing()))?;
-    let mut restored = TrainModel::for_method(initial, method);
-    checkpoint.apply_to_model(&mut restored).map_err(corrupt)?;
+    let mut restored = TrainModel::for_method(initial, &trainer.method);
+    if let Some(update_adapters) = checkpoint.fill_merged(&mut restored, trainer.update_adapters()).map_err(corrupt)? {
+        restored.adapt_anew(update_adapters);
+    }
+    checkpoint.fill_trained(&mut restored).map_err(corrupt)?;
     Ok((version, restored.serving_weights().into_owned()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sesa_models::train::Trainer;
+    use sesa_models::train::{Method, Trainer};
     use sesa_models::weights::testing::{random, tiny_shape};
 
     fn state(seed: u64) -> TrainState {
@@ -300,7 +336,7 @@ mod tests {
         saved.trainer.adam.m[0][0] = 0.5;
         let batch = Checkpoint::of(TrainedModel::Model, &saved).batch().unwrap();
         let mut restored = state(2);
-        Checkpoint::read(&batch).unwrap().apply(&mut restored).unwrap();
+        Checkpoint::read(&batch).unwrap().apply(&mut restored, None).unwrap();
         assert_eq!(restored.trainer.model.weights, saved.trainer.model.weights);
         assert_eq!(restored.trainer.adam, saved.trainer.adam);
         assert_eq!(
@@ -312,5 +348,38 @@ mod tests {
         assert_eq!(restored.trainer.adam.step, 3);
         restored.optimizer_for("warmup");
         assert_eq!((restored.trainer.adam.step, restored.trainer.adam.m[0][0]), (0, 0.0));
+    }
+
+    #[test]
+    fn adapters_trained_over_merged_ones_restore_from_the_models_files() {
+        let every = LoraMethod::everywhere(2, 4.0);
+        let top = LoraMethod { top_layers: Some(1), ..every.clone() };
+        // As `Training::take` builds it from the files, for `trainer.method`.
+        let fresh = || TrainState {
+            trainer: Trainer::new(
+                TrainModel::for_method(random(tiny_shape(), true, 1), &Method::Lora(every.clone())),
+                64,
+            ),
+            ..state(1)
+        };
+        let mut saved = fresh();
+        let nudge = |tensors: Vec<&mut Vec<f32>>, by: f32| {
+            tensors.into_iter().flatten().enumerate().for_each(|(i, v)| *v += by * ((i % 5) as f32 - 2.0));
+        };
+        nudge(saved.trainer.model.trained_mut(), 0.01);
+        saved.trainer.adapt_anew(&top);
+        nudge(saved.trainer.model.trained_mut(), 0.02);
+        nudge(saved.trainer.adam.m.iter_mut().collect(), 0.5);
+        saved.trainer.adam.step = 2;
+        let batch = Checkpoint::of(TrainedModel::Model, &saved).batch().unwrap();
+        let mut restored = fresh();
+        Checkpoint::read(&batch).unwrap().apply(&mut restored, Some(&top)).unwrap();
+        let (a, b) = (&restored.trainer.model, &saved.trainer.model);
+        assert_eq!((&a.weights, &a.adapters, &a.merged), (&b.weights, &b.adapters, &b.merged));
+        assert_eq!(restored.trainer.adam, saved.trainer.adam);
+        assert_eq!(*a.serving_weights(), *b.serving_weights());
+        // A spec without `update_method` cannot rebuild the base.
+        let error = Checkpoint::read(&batch).unwrap().apply(&mut fresh(), None).unwrap_err();
+        assert!(error.contains("trainer.update_method"), "{error}");
     }
 }

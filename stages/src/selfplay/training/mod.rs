@@ -248,7 +248,7 @@ impl Training {
             return Ok(());
         };
         let mut state = self.take().await.map_err(|e| corrupt(e.to_string()))?;
-        checkpoint.apply(&mut state).map_err(corrupt)?;
+        checkpoint.apply(&mut state, self.section.update_adapters()).map_err(corrupt)?;
         policy
             .load_weights(&state.trainer.model.serving_weights(), state.version)
             .map_err(|e| corrupt(e.to_string()))?;

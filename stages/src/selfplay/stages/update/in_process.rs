@@ -249,6 +249,9 @@ impl Update {
         let mut states = Vec::new();
         for (training, _) in &trainings {
             let mut state = training.take().await?;
+            if let Some(adapters) = training.section.update_adapters() {
+                state.trainer.adapt_anew(adapters);
+            }
             state.optimizer_for(cx.stage_name());
             if self.config.loss.kl_coef > 0.0 && state.reference.is_none() && state.trainer.model.adapters.is_none() {
                 state.reference = Some(training.reference_model().await?);
