@@ -8,8 +8,7 @@ variants run in turn, ROUNDS times, so the machine's drift falls on all of them 
 on a quiet machine.
 
     python3 benches/step.py --warm runs/warm --sesa target/debug/sesa \\
-        --variant all= \\
-        --variant 'top8=trainer.method={kind: lora, rank: 16, alpha: 32, top_layers: 8}'
+        --variant every=trainer.update_method=null --variant top8=
 
 A variant is LABEL=OVERRIDES: `--set` values separated by `;` (none: the spec as shipped).
 Prints a row per run (seconds; rows: the update's trained rows, rows/s: per second of the
