@@ -856,10 +856,11 @@ async fn guided_groups_all_guides_groups_that_succeeded_too() {
     assert!(proposed > 0 && guided_after_success > 0, "a group that succeeded was guided: {guided_after_success}");
 }
 
-/// `guidance: plan` with `guided_rollouts: 2`: a question in the generated world's grammar whose
-/// rollouts all failed gets two more rollouts under the bare prompt, their responses opening
-/// with the written plan of the question's chain (`loss_mask` 2); p̂ ignores them; evaluation
-/// never opens with a plan; and a run resumed after a crash makes the same guided rollouts.
+/// `guidance: plan` with `guided_rollouts: 2` and `guided_min_hops: 2`: a question of two hops
+/// or more in the generated world's grammar whose rollouts all failed gets two more rollouts
+/// under the bare prompt, their responses opening with the written plan of the question's chain
+/// (`loss_mask` 2), and a one-hop question none; p̂ ignores them; evaluation never opens with a
+/// plan; and a run resumed after a crash makes the same guided rollouts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     let questions = world().join("world/questions.jsonl");
@@ -875,12 +876,12 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         ("verify: {kind: verify, after: [propose], noise: 2, invalid: reuse}", verify.as_str()),
         (
             "solve: {kind: solve, after: [verify], n_rollouts: 3}",
-            "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: plan, guided_rollouts: 2}",
+            "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: plan, guided_rollouts: 2, guided_min_hops: 2}",
         ),
         ("  consolidate:", eval.as_str()),
     ];
     let (lp, tables) = run_loop(&edits).await;
-    let (mut guided, mut guided_turns) = (0, 0);
+    let (mut guided, mut guided_turns, mut shallow_unguided) = (0, 0, 0);
     for (step, rollouts) in &tables["rollouts"] {
         let flags =
             rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
@@ -898,11 +899,19 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         for i in 0..rollouts.num_rows() {
             let mask = masks.value(i);
             let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
+            let hops = World::read_question(&questions[i]).map(|(_, relations)| relations.len());
             if !flags.value(i) {
                 assert!(hints[i].is_empty());
                 assert!(mask.iter().all(|m| m != Some(2)), "only a guided rollout has written tokens");
+                // The first rollout of a one-hop group that failed throughout: left unguided.
+                let group = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i]);
+                if hops == Some(1) && indices[i] == 0 && group.clone().all(|j| reward[j] == Some(0.0)) {
+                    assert!(group.clone().all(|j| !flags.value(j)), "step {step}: a one-hop group was guided");
+                    shallow_unguided += 1;
+                }
                 continue;
             }
+            assert!(hops >= Some(2), "step {step}: `{}` is guided below guided_min_hops", questions[i]);
             (guided, guided_turns) = (guided + 1, guided_turns + turns[i]);
             assert!([2, 3].contains(&indices[i]), "two more rollouts after the group's two");
             let companions = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && flags.value(j) && j != i);
@@ -926,6 +935,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         }
     }
     assert!(guided > 0, "some substitute's group failed and was guided");
+    assert!(shallow_unguided > 0, "no one-hop group failed throughout: the depth filter went untested");
     assert_eq!(metric(&tables, "guided").iter().map(|(_, n)| *n).sum::<f64>(), guided as f64);
     // Every context whose response opens with a plan is a turn of a guided rollout: evaluation
     // (of the same world's questions) never gets one.

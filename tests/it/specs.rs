@@ -648,14 +648,20 @@ fn a_negative_token_credit_or_one_with_an_external_trainer_is_refused() {
     }
 }
 
-/// `guided_groups` picks the groups `guidance` helps: without guidance it would do nothing.
+/// `guided_groups` and `guided_min_hops` pick the groups `guidance` helps: without guidance they
+/// would do nothing.
 #[test]
-fn guided_groups_without_guidance_is_refused() {
+fn guided_groups_and_depths_without_guidance_are_refused() {
     learn_refuses(
         &["stages.solve.guided_groups=all"],
         "stages.solve.guided_groups: `all` chooses the groups `guidance` helps",
     );
     learn_accepts(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
+    learn_refuses(
+        &["stages.solve.guided_min_hops=3"],
+        "stages.solve.guided_min_hops: chooses the questions `guidance` helps",
+    );
+    learn_accepts(&["stages.solve.guided_min_hops=3", "stages.solve.guidance=plan"]);
 }
 
 /// `verify.plan` writes into the verifier's search loop: with the materials in the verifier's

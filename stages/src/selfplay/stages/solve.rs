@@ -57,6 +57,13 @@ pub struct SolveConfig {
     /// each question's own depth, not only to go on searching.
     #[serde(default)]
     pub guided_groups: GuidedGroups,
+    /// Only questions at least this many hops deep are guided (the chain the generated world's
+    /// grammar reads in the question, as a plan is written from, else the depth
+    /// `verifications.hops` records; a question of unknown depth is guided). The default,
+    /// 1, guides every depth; with solver demonstrations of one and two hops, `3` leaves the
+    /// depths the solver was shown to learn unguided and guides only those it never saw.
+    #[serde(default = "super::one")]
+    pub guided_min_hops: usize,
 }
 
 /// Which groups get guided rollouts.
@@ -240,6 +247,13 @@ impl Stage for Solve {
         let mut problems = Vec::new();
         problems.extend(ConfigProblem::size("n_rollouts", config.n_rollouts, 1..=4_096));
         problems.extend(ConfigProblem::size("guided_rollouts", config.guided_rollouts, 1..=4_096));
+        problems.extend(ConfigProblem::size("guided_min_hops", config.guided_min_hops, 1..=64));
+        if config.guided_min_hops > 1 && config.guidance == Guidance::None {
+            problems.push(ConfigProblem::new(
+                "guided_min_hops",
+                "chooses the questions `guidance` helps, and `guidance` is `none`: set `guidance: plan` or `hint`, or remove the key",
+            ));
+        }
         if config.guided_groups == GuidedGroups::All && config.guidance == Guidance::None {
             problems.push(ConfigProblem::new(
                 "guided_groups",
@@ -334,25 +348,30 @@ impl Stage for Solve {
             rows.into_iter().zip(trajectories).map(|(row, t)| record(row, None, t)).collect();
         if self.config.guidance != Guidance::None {
             let paths = verifications.strs("path")?;
+            let depths = verifications.opt_u64("hops")?;
             let mut guided = Vec::new();
             for (k, &i) in asked.iter().enumerate() {
                 let group = &rollouts[k * self.config.n_rollouts..(k + 1) * self.config.n_rollouts];
-                let guide = match self.config.guided_groups {
-                    GuidedGroups::All => true,
-                    GuidedGroups::Failed => {
-                        let golds = [targets[i].to_string()];
-                        group.iter().all(|r| {
-                            solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None)
-                                == 0.0
-                        })
-                    }
-                };
+                let question = questions[i].unwrap_or_default();
+                let depth = World::read_question(question).map(|(_, chain)| chain.len() as u64).or(depths[i]);
+                let deep_enough = depth.is_none_or(|hops| hops >= self.config.guided_min_hops as u64);
+                let guide = deep_enough
+                    && match self.config.guided_groups {
+                        GuidedGroups::All => true,
+                        GuidedGroups::Failed => {
+                            let golds = [targets[i].to_string()];
+                            group.iter().all(|r| {
+                                solver_reward(&r.trajectory.response, r.trajectory.outcome.final_text(), &golds, None)
+                                    == 0.0
+                            })
+                        }
+                    };
                 if !guide {
                     continue;
                 }
                 let help = match self.config.guidance {
                     Guidance::Hint => hint(&paths[i], targets[i]).map(Help::Hint),
-                    _ => plan(questions[i].unwrap_or_default()).map(Help::Plan),
+                    _ => plan(question).map(Help::Plan),
                 };
                 if let Some(help) = help {
                     // Rollout numbers go on from the group's own; the first guided one's seed is
