@@ -10,7 +10,9 @@
 #    depth that passes SSP's rules; the last VAL questions (default 200) held out and evaluated
 #    (`train_val`) beside the unseen world (`unseen_world`, EVAL_LIMIT questions, default 300).
 # 2. Its export: both arms start from it, and it is the frozen policy they are compared with.
-# 3. Self-play for STEPS steps (default 6), proposer and solver both trained, SSP's rules, the
+# 3. Self-play for STEPS steps (default 6), proposer and solver both trained (LoRA on the top 8
+#    blocks, specs/learn.yaml's `update_method`; the arms of docs/learning.md before
+#    2026-12-07 adapted every block: add --set trainer.update_method=null), SSP's rules, the
 #    proposer asked for two to four hops, invalid proposals replaced from the reuse pool and,
 #    while it is empty (and three a step whatever it holds), by training-world questions of one
 #    to four hops (the solver must meet depth somewhere: this proposer's deep questions rarely

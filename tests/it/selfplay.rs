@@ -881,7 +881,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         ("  consolidate:", eval.as_str()),
     ];
     let (lp, tables) = run_loop(&edits).await;
-    let (mut guided, mut guided_turns, mut shallow_unguided) = (0, 0, 0);
+    let (mut guided, mut guided_turns, mut shallow_unguided, mut guided_at_bound) = (0, 0, 0, 0);
     for (step, rollouts) in &tables["rollouts"] {
         let flags =
             rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
@@ -912,6 +912,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
                 continue;
             }
             assert!(hops >= Some(2), "step {step}: `{}` is guided below guided_min_hops", questions[i]);
+            guided_at_bound += usize::from(hops == Some(2));
             (guided, guided_turns) = (guided + 1, guided_turns + turns[i]);
             assert!([2, 3].contains(&indices[i]), "two more rollouts after the group's two");
             let companions = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && flags.value(j) && j != i);
@@ -936,6 +937,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     }
     assert!(guided > 0, "some substitute's group failed and was guided");
     assert!(shallow_unguided > 0, "no one-hop group failed throughout: the depth filter went untested");
+    assert!(guided_at_bound > 0, "no two-hop question was guided: `guided_min_hops` is not inclusive");
     assert_eq!(metric(&tables, "guided").iter().map(|(_, n)| *n).sum::<f64>(), guided as f64);
     // Every context whose response opens with a plan is a turn of a guided rollout: evaluation
     // (of the same world's questions) never gets one.

@@ -358,7 +358,8 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
 
 /// LoRA carries a whole run: the warm start trains adapters on every block, RL fresh ones on
 /// the top block over the warm start's merged into the base (`update_method`; the KL
-/// reference is that base), checkpoints hold the adapters and their moments only, a run
+/// reference is that base), checkpoints hold adapters and moments only (RL's with the warm
+/// start's merged ones), a run
 /// killed anywhere resumes to the same tables, and the export holds the merged weights the
 /// run served.
 #[test]
@@ -402,17 +403,19 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
 
     // The export holds the merged weights the run served: version 3 (kept by keep_every 2)
     // scores step 3's rollouts, which version 3 generated, as the server recorded them.
-    let export = dir.path().join("export");
-    let output = run_sesa_with(
-        ChildRegistry::Stages,
-        &["model", "export", run.to_str().unwrap(), "--version", "3", "--out", export.to_str().unwrap()],
-        dir.path(),
-    );
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
-    let exported = ModelFiles::read(&export).unwrap().weights;
-    let rollouts = table("rollouts", 3, "solve");
-    assert!(integers(rollouts, "policy_version").iter().all(|&v| v == 3));
-    let gap = |weights: &LlamaWeights| {
+    let export_version = |version: &str, out: &Path| {
+        let output = run_sesa_with(
+            ChildRegistry::Stages,
+            &["model", "export", run.to_str().unwrap(), "--version", version, "--out", out.to_str().unwrap()],
+            dir.path(),
+        );
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        ModelFiles::read(out).unwrap().weights
+    };
+    // The largest gap between what `weights` give step `step`'s rollouts and what the server
+    // recorded.
+    let gap = |weights: &LlamaWeights, step: u64| {
+        let rollouts = table("rollouts", step, "solve");
         let model = sesa_models::train::TrainModel::new(weights.clone());
         let (prompts, responses) =
             (lists::<UInt32Type>(rollouts, "prompt_ids"), lists::<UInt32Type>(rollouts, "token_ids"));
@@ -431,9 +434,19 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
         }
         largest
     };
-    let (served, initial) = (gap(&exported), gap(&weights));
+    let export = dir.path().join("export");
+    let exported = export_version("3", &export);
+    assert!(integers(table("rollouts", 3, "solve"), "policy_version").iter().all(|&v| v == 3));
+    let (served, initial) = (gap(&exported, 3), gap(&weights, 3));
     assert!(served < 1e-4, "the export scores the served tokens {served} nats apart");
     assert!(initial > 100.0 * served.max(1e-6), "the initial weights score them alike ({initial} nats apart)");
+    // The warm start's version (no merged adapters in its checkpoint) exports as it served
+    // step 1's rollouts too.
+    let warm = export_version("1", &dir.path().join("export-warm"));
+    assert!(integers(table("rollouts", 1, "solve"), "policy_version").iter().all(|&v| v == 1));
+    let served = gap(&warm, 1);
+    assert!(served < 1e-4, "the warm start's export scores its served tokens {served} nats apart");
+    assert!(gap(&exported, 1) > 100.0 * served.max(1e-6), "versions 1 and 3 score step 1 alike");
 
     // `sesa ask --run` puts a question to the run's version 3: the same episode as the spec
     // with the exported version 3 in `model:`, not the initial weights'.

@@ -200,15 +200,16 @@ impl TrainModel {
     /// and from here on the base (LoRA's reference policy) is what was trained so far. This is
     /// how a run warm-starts every block and then runs RL on a few. Done once, and only with
     /// adapters: a model that merged adapters already, or that trains every weight (whose
-    /// checkpoints hold the weights themselves), is left as it is.
-    pub fn adapt_anew(&mut self, method: &LoraMethod) {
+    /// checkpoints hold the weights themselves), is left as it is. Whether it switched.
+    pub fn adapt_anew(&mut self, method: &LoraMethod) -> bool {
         if self.merged.is_some() {
-            return;
+            return false;
         }
-        let Some(trained) = self.adapters.take() else { return };
+        let Some(trained) = self.adapters.take() else { return false };
         trained.merge_into(&mut self.weights);
         self.merged = Some(trained);
         self.adapters = Some(new_adapters(&self.weights, method, 0));
+        true
     }
 }
 
@@ -432,17 +433,17 @@ impl Trainer {
 
     /// [`TrainModel::adapt_anew`], with fresh optimizer state for the fresh adapters.
     pub fn adapt_anew(&mut self, method: &LoraMethod) {
-        if self.model.merged.is_none() && self.model.adapters.is_some() {
-            self.model.adapt_anew(method);
-            self.grads = None;
+        if self.model.adapt_anew(method) {
             self.reset_optimizer();
         }
     }
 
-    /// Forgets the optimizer's moments: the next step starts AdamW afresh.
+    /// Forgets the optimizer's moments: the next step starts AdamW afresh, shaped as what is
+    /// trained now (which [`TrainModel::adapt_anew`] changes; the gradient buffers go too).
     pub fn reset_optimizer(&mut self) {
         let lengths: Vec<usize> = self.model.trained().iter().map(|t| t.len()).collect();
         self.adam = AdamW::new(&lengths);
+        self.grads = None;
     }
 
     /// The scored log-probabilities of each sequence under the current weights at

@@ -16,11 +16,12 @@ pub struct TrainerSection {
     /// targets}`).
     #[serde(default = "full")]
     pub method: Method,
-    /// What the `update` stage (RL) trains, when not `method`: LoRA adapters of its own, on
-    /// the weights the training before it left (`method`'s adapters merged into the base, which
-    /// then serves as the KL reference). A warm start needs every block, while RL can adapt
-    /// the top few for a shorter update: `{kind: lora, rank: 16, alpha: 32, top_layers: 8}`.
-    /// Needs `method` to be LoRA too (a checkpoint then holds both sets of adapters, megabytes).
+    /// LoRA adapters of the `update` stage's (RL) own: its first step merges `method`'s
+    /// adapters, trained so far, into the base (from then on the KL reference) and trains
+    /// these, fresh, even when they equal `method`. A warm start needs every block, while RL
+    /// can adapt the top few for a shorter update: `{kind: lora, rank: 16, alpha: 32,
+    /// top_layers: 8}`. Needs `method` to be LoRA too (a checkpoint then holds both sets of
+    /// adapters, megabytes). Absent: `update` trains `method`'s.
     #[serde(default)]
     pub update_method: Option<Method>,
     /// Tokens per micro-batch at most; gradients of micro-batches accumulate into one

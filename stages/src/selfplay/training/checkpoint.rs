@@ -161,7 +161,8 @@ impl Checkpoint {
         let tensors: Vec<_> = self.group(prefix).collect();
         if tensors.len() != targets.len() {
             return Err(format!(
-                "{} `{prefix}` tensors where {} are expected (another method or model?)",
+                "{} `{prefix}` tensors where {} are expected: another model, or another `trainer.method` or \
+                 `trainer.update_method` than the run's?",
                 tensors.len(),
                 targets.len()
             ));
@@ -169,43 +170,37 @@ impl Checkpoint {
         targets.into_iter().zip(tensors).try_for_each(|(target, (name, bytes))| fill_from(target, bytes, name))
     }
 
-    /// With merged adapters (`trainer.update_method`), puts them into `model`'s, built from the
-    /// model's files as `trainer.method` says, and returns the adapters to switch to
-    /// ([`TrainModel::adapt_anew`]) before the trained tensors go in.
-    fn fill_merged<'m>(
-        &self,
-        model: &mut TrainModel,
-        update_adapters: Option<&'m LoraMethod>,
-    ) -> Result<Option<&'m LoraMethod>, String> {
-        if self.group("merged").next().is_none() {
-            return Ok(None);
-        }
-        let Some(update_adapters) = update_adapters else {
-            return Err("its adapters were trained on others merged into the base (`trainer.update_method`), \
-                        which the spec does not name"
-                .to_string());
+    /// Puts the trained tensors into `model`, built from the model's files as `trainer.method`
+    /// says. With merged adapters (`trainer.update_method`), those go in first and the model
+    /// switches to `update_adapters` ([`TrainModel::adapt_anew`]), as the run did; whether it
+    /// switched.
+    fn restore_model(&self, model: &mut TrainModel, update_adapters: Option<&LoraMethod>) -> Result<bool, String> {
+        let switched = if self.group("merged").next().is_some() {
+            let Some(update_adapters) = update_adapters else {
+                return Err("its adapters were trained on others merged into the base, and the spec names no \
+                            `trainer.update_method`: give it the run's"
+                    .to_string());
+            };
+            let Some(adapters) = model.adapters.as_mut() else {
+                return Err("it holds merged adapters, and `trainer.method` is not LoRA: give it the run's".to_string());
+            };
+            self.fill("merged", adapters.tensors_mut())?;
+            model.adapt_anew(update_adapters)
+        } else {
+            false
         };
-        let Some(adapters) = model.adapters.as_mut() else {
-            return Err("it holds merged adapters, and `trainer.method` is not LoRA".to_string());
-        };
-        self.fill("merged", adapters.tensors_mut())?;
-        Ok(Some(update_adapters))
-    }
-
-    /// Puts the trained tensors into `model` (after [`Self::fill_merged`]).
-    fn fill_trained(&self, model: &mut TrainModel) -> Result<(), String> {
         let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
-        self.fill(kind, model.trained_mut())
+        self.fill(kind, model.trained_mut())?;
+        Ok(switched)
     }
 
     /// Puts the checkpoint's tensors into `state`, whose trainer was built from the model's
     /// files as `trainer.method` says (shapes checked).
     pub fn apply(self, state: &mut TrainState, update_adapters: Option<&LoraMethod>) -> Result<(), String> {
         let trainer = &mut state.trainer;
-        if let Some(update_adapters) = self.fill_merged(&mut trainer.model, update_adapters)? {
-            trainer.adapt_anew(update_adapters);
+        if self.restore_model(&mut trainer.model, update_adapters)? {
+            trainer.reset_optimizer();
         }
-        self.fill_trained(&mut trainer.model)?;
         self.fill("adam_m", trainer.adam.m.iter_mut().collect())?;
         self.fill("adam_v", trainer.adam.v.iter_mut().collect())?;
         trainer.adam.step = self.adam_step;
@@ -282,10 +277,7 @@ pub async fn weights_at(
         .map_err(|e| corrupt(e.to_string()))?
         .ok_or_else(|| corrupt(missing()))?;
     let mut restored = TrainModel::for_method(initial, &trainer.method);
-    if let Some(update_adapters) = checkpoint.fill_merged(&mut restored, trainer.update_adapters()).map_err(corrupt)? {
-        restored.adapt_anew(update_adapters);
-    }
-    checkpoint.fill_trained(&mut restored).map_err(corrupt)?;
+    checkpoint.restore_model(&mut restored, trainer.update_adapters()).map_err(corrupt)?;
     Ok((version, restored.serving_weights().into_owned()))
 }
 
@@ -380,6 +372,6 @@ mod tests {
         assert_eq!(*a.serving_weights(), *b.serving_weights());
         // A spec without `update_method` cannot rebuild the base.
         let error = Checkpoint::read(&batch).unwrap().apply(&mut fresh(), None).unwrap_err();
-        assert!(error.contains("trainer.update_method"), "{error}");
+        assert!(error.contains("names no `trainer.update_method`"), "{error}");
     }
 }
