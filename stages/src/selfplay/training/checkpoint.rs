@@ -58,6 +58,11 @@ impl Default for Checkpoint {
     }
 }
 
+/// The name of the group of tensors `model` trains: its adapters, or its weights.
+fn trained_group(model: &TrainModel) -> &'static str {
+    if model.adapters.is_some() { "adapters" } else { "weights" }
+}
+
 /// Overwrites `target` with the F32 values of `bytes`, which must be as many.
 fn fill_from(target: &mut [f32], bytes: &[u8], what: &str) -> Result<(), String> {
     if bytes.len() != 4 * target.len() {
@@ -73,10 +78,12 @@ impl Checkpoint {
     /// The checkpoint of `state`, the trainer of `model`.
     pub fn of(model: TrainedModel, state: &TrainState) -> Checkpoint {
         let trained = &state.trainer.model;
-        let kind = if trained.adapters.is_some() { "adapters" } else { "weights" };
         let adam = &state.trainer.adam;
-        let mut groups: Vec<(&str, Vec<&Vec<f32>>)> =
-            vec![(kind, trained.trained()), ("adam_m", adam.m.iter().collect()), ("adam_v", adam.v.iter().collect())];
+        let mut groups: Vec<(&str, Vec<&Vec<f32>>)> = vec![
+            (trained_group(trained), trained.trained()),
+            ("adam_m", adam.m.iter().collect()),
+            ("adam_v", adam.v.iter().collect()),
+        ];
         groups.extend(trained.merged.as_ref().map(|merged| ("merged", merged.tensors())));
         let count = groups.iter().map(|(_, tensors)| tensors.len()).sum();
         let bytes = groups.iter().flat_map(|(_, tensors)| tensors.iter().map(|t| 4 * t.len())).sum();
@@ -189,8 +196,7 @@ impl Checkpoint {
         } else {
             false
         };
-        let kind = if model.adapters.is_some() { "adapters" } else { "weights" };
-        self.fill(kind, model.trained_mut())?;
+        self.fill(trained_group(model), model.trained_mut())?;
         Ok(switched)
     }
 

@@ -142,7 +142,9 @@ pub(super) fn update_role(
         .map_err(|e| e.to_string())?;
         timings.reference_ms += scored.reference_ms;
         timings.old_logprobs_ms += elapsed_ms(clock) - scored.reference_ms;
-        reference = reference.or(shared.then_some(scored.reference));
+        if shared {
+            reference = Some(scored.reference);
+        }
         Some(scored.policy)
     };
     let (mut gap_sum, mut gap_max, mut gap_count) = (0.0, 0.0f64, 0usize);
