@@ -55,7 +55,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
         let sequences: Vec<TrainSequence> = if group == 1 {
             let first_scored = tokens - ((tokens - 1) as f64 * scored.clamp(0.0, 1.0)).round() as usize;
             let mask = (0..tokens).map(|i| u8::from(i >= first_scored.max(1))).collect();
-            vec![TrainSequence { tokens: ids, mask }]
+            vec![TrainSequence::new(ids, mask)]
         } else {
             // Each rollout continues the shared prompt with tokens of its own.
             (0..group)
@@ -64,7 +64,7 @@ pub async fn bench_train(bench: TrainBench) -> Result<u8> {
                     let mut sequence = ids[..prompt].to_vec();
                     sequence.extend(&own[own.len() - (tokens - prompt)..]);
                     let mask = (0..tokens).map(|i| u8::from(i >= prompt)).collect();
-                    TrainSequence { tokens: sequence, mask }
+                    TrainSequence::new(sequence, mask)
                 })
                 .collect()
         };

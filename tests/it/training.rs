@@ -398,6 +398,22 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
     assert!(bytes * 100 < full as u64, "a LoRA checkpoint of {bytes} bytes against {full} for full fine-tuning");
     let updates = table("updates", 3, "update");
     assert!(integers(updates, "tokens").iter().sum::<u64>() > 0, "the update trained");
+    // RL's passes start at the top block from the inputs the served model kept for it: the
+    // gradients are those of the trainer's own pass over both blocks, up to rounding.
+    let own = dir.path().join("own-blocks");
+    let output = run_sesa_with(
+        ChildRegistry::Stages,
+        &["run", spec_arg, "--store", own.to_str().unwrap(), "--set", "stages.update.served_block_inputs=false"],
+        dir.path(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let own = tables(&only_run(&own));
+    let norms = |tables: &RunTables| reals(written(tables, "updates", 1, "update"), "grad_norm");
+    let (served, computed) = (norms(&reference), norms(&own));
+    assert_ne!(served, computed, "the update computed the blocks below the adapters itself");
+    for (a, b) in served.iter().zip(&computed) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "gradient norms {served:?} from served inputs, {computed:?} without");
+    }
 
     kill_and_resume(dir.path(), spec_arg, &reference, duration, 2, 9);
 
@@ -426,7 +442,7 @@ fn a_lora_run_checkpoints_its_adapters_resumes_and_exports_the_merged_weights() 
             let tokens: Vec<u32> = prompts[r].iter().chain(&responses[r]).copied().collect();
             let trained: Vec<usize> = (0..responses[r].len()).filter(|&t| masks[r][t] != 0).collect();
             let positions: Vec<usize> = trained.iter().map(|t| prompts[r].len() + t).collect();
-            let example = sesa_models::train::Example { tokens: &tokens, positions: &positions };
+            let example = sesa_models::train::Example { tokens: &tokens, positions: &positions, block_inputs: None };
             let scored = model.forward(&[example], 1.0).unwrap().logprobs.remove(0);
             for (s, &t) in scored.iter().zip(&trained) {
                 largest = largest.max((s - recorded[r][t]).abs());
@@ -493,6 +509,12 @@ fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
 fn integers(batch: &RecordBatch, name: &str) -> Vec<u64> {
     let column = batch.column_by_name(name).unwrap();
     column.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap().values().to_vec()
+}
+
+/// The column `name` of `batch` as reals.
+fn reals(batch: &RecordBatch, name: &str) -> Vec<f64> {
+    let column = batch.column_by_name(name).unwrap();
+    column.as_any().downcast_ref::<arrow_array::Float64Array>().unwrap().values().to_vec()
 }
 
 /// [`spec`] for two steps with a tiny proposer of its own (`proposer_model:`, written to

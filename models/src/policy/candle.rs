@@ -363,6 +363,21 @@ impl Policy for CandlePolicy {
         self.load_weights(&files.weights, version)
     }
 
+    fn block_inputs(&self, sequences: &[Vec<u32>], top: usize) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
+        let layers = self.inner.shape.layers;
+        if top == 0 || top >= layers {
+            return Ok(None);
+        }
+        let layer = layers - top;
+        let (reply, answer) = std::sync::mpsc::channel();
+        let stopped = || self.inner.error("the scheduler thread stopped (see the log for why)");
+        self.submit
+            .send(Message::BlockInputs { sequences: sequences.to_vec(), layer, reply })
+            .map_err(|_| stopped())?;
+        let inputs = answer.recv().map_err(|_| stopped())?.map_err(|e| self.inner.error(e))?;
+        Ok(Some(inputs))
+    }
+
     fn load_weights(&self, weights: &LlamaWeights, version: u64) -> Result<(), PolicyError> {
         if weights.shape != self.inner.shape {
             return Err(self.inner.error(format!(

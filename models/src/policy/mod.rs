@@ -166,6 +166,18 @@ pub trait Policy: Send + Sync {
         &[]
     }
 
+    /// The residual stream entering the lowest of the served model's top `top` blocks at every
+    /// token of each of `sequences` (`tokens × hidden`, row-major), blocking; `None` where the
+    /// backend cannot give it, or where no block lies below those (the caller runs every
+    /// block itself). A trainer that adapts only the top blocks starts its passes there: the
+    /// served model computed the frozen blocks below for every token it sampled or read, and
+    /// an in-process backend keeps what they gave from the first call on (call it with no
+    /// sequences to start keeping).
+    fn block_inputs(&self, sequences: &[Vec<u32>], top: usize) -> Result<Option<Vec<Vec<f32>>>, PolicyError> {
+        let _ = (sequences, top);
+        Ok(None)
+    }
+
     /// Serves `weights` (blocking) from the next request on, as policy version `version`;
     /// backends that cannot take weights in process refuse.
     fn load_weights(&self, weights: &crate::weights::LlamaWeights, version: u64) -> Result<(), PolicyError> {

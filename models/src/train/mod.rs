@@ -292,12 +292,27 @@ pub struct TrainSequence {
     pub tokens: Vec<u32>,
     /// Per token: 1 when its prediction is trained.
     pub mask: Vec<u8>,
+    /// The served model's residual stream entering the trainer's lowest trained block at each
+    /// of [`Self::read`]'s tokens, when the caller has it (see [`Example::block_inputs`]).
+    pub block_inputs: Option<std::sync::Arc<[f32]>>,
 }
 
 impl TrainSequence {
+    /// A sequence to train on as `mask` says, its passes run from the first block.
+    pub fn new(tokens: Vec<u32>, mask: Vec<u8>) -> TrainSequence {
+        TrainSequence { tokens, mask, block_inputs: None }
+    }
+
     /// Positions whose prediction is trained (never the first token: nothing predicts it).
     pub fn positions(&self) -> Vec<usize> {
         (1..self.tokens.len()).filter(|&i| self.mask.get(i).copied().unwrap_or(0) != 0).collect()
+    }
+
+    /// The tokens a pass reads: those before the last trained one (attention is causal, so
+    /// nothing after it matters, such as the passages of a search a rollout never answered
+    /// after).
+    pub fn read(&self) -> &[u32] {
+        &self.tokens[..self.positions().last().copied().unwrap_or(self.tokens.len().saturating_sub(1))]
     }
 }
 
@@ -342,27 +357,31 @@ pub type LossFn<'a> = dyn FnMut(usize, &[f32], Option<&[f32]>) -> (f64, Vec<f32>
 /// micro-batches of at most `budget` rows.
 struct Packed<'a> {
     positions: Vec<Vec<usize>>,
-    /// Each sequence up to its last scored token: nothing reads the rows after it (attention
-    /// is causal), such as the passages of a search a rollout never answered after.
+    /// Each sequence up to its last scored token ([`TrainSequence::read`] and that token).
     tokens: Vec<&'a [u32]>,
+    block_inputs: Vec<Option<&'a [f32]>>,
     micro_batches: Vec<std::ops::Range<usize>>,
 }
 
 impl<'a> Packed<'a> {
     fn new(sequences: &'a [TrainSequence], budget: usize) -> Packed<'a> {
         let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-        let tokens: Vec<&[u32]> = sequences
-            .iter()
-            .zip(&positions)
-            .map(|(s, p)| &s.tokens[..p.last().map_or(s.tokens.len(), |last| last + 1)])
-            .collect();
+        let tokens: Vec<&[u32]> =
+            sequences.iter().map(|s| &s.tokens[..(s.read().len() + 1).min(s.tokens.len())]).collect();
         let micro_batches = micro_batches(&tokens, budget.max(1));
-        Packed { positions, tokens, micro_batches }
+        let block_inputs = sequences.iter().map(|s| s.block_inputs.as_deref()).collect();
+        Packed { positions, tokens, block_inputs, micro_batches }
     }
 
     /// The examples of the sequences in `range`.
     fn examples(&self, range: std::ops::Range<usize>) -> Vec<Example<'_>> {
-        range.map(|i| Example { tokens: self.tokens[i], positions: &self.positions[i] }).collect()
+        range
+            .map(|i| Example {
+                tokens: self.tokens[i],
+                positions: &self.positions[i],
+                block_inputs: self.block_inputs[i],
+            })
+            .collect()
     }
 }
 

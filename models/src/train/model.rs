@@ -74,6 +74,11 @@ pub struct Example<'a> {
     pub tokens: &'a [u32],
     /// Positions (≥ 1, increasing) whose token's log-probability is computed.
     pub positions: &'a [usize],
+    /// The residual stream entering the lowest trained block at each token but the last (at
+    /// least `(tokens.len() − 1) × hidden` numbers), as the served model computed it
+    /// ([`crate::policy::Policy::block_inputs`]): the frozen blocks below are then not run.
+    /// All examples of a pass have them, or none.
+    pub block_inputs: Option<&'a [f32]>,
 }
 
 /// Why a batch cannot be run.
@@ -215,7 +220,7 @@ impl TrainModel {
 
     /// The lowest block with anything trained in it (the model's depth when nothing is):
     /// gradients need not flow below it.
-    fn first_trained_layer(&self) -> usize {
+    pub fn first_trained_layer(&self) -> usize {
         match &self.adapters {
             None => 0,
             Some(adapters) => adapters
@@ -295,7 +300,8 @@ impl TrainModel {
                 previous = p;
             }
         }
-        let sequences: Vec<&[u32]> = examples.iter().map(|e| e.tokens).collect();
+        // A sequence's last token predicts nothing scored: it needs no row.
+        let sequences: Vec<&[u32]> = examples.iter().map(|e| &e.tokens[..e.tokens.len().saturating_sub(1)]).collect();
         let layout = Layout::new(&sequences);
         let mut scored_rows = Vec::new();
         let mut scored_targets = Vec::new();
@@ -305,16 +311,27 @@ impl TrainModel {
                 scored_targets.push(example.tokens[p]);
             }
         }
-        let Layout { tokens, positions, segments, .. } = layout;
-        let mut x = Vec::with_capacity(tokens.len() * hidden);
-        for &t in &tokens {
-            x.extend_from_slice(&self.weights.embedding[t as usize * hidden..][..hidden]);
-        }
         let split = self.first_trained_layer();
+        let start = self.given_inputs_start(examples, &sequences, split)?;
+        let mut x = Vec::with_capacity(layout.rows() * hidden);
+        if start == 0 {
+            for &t in &layout.tokens {
+                x.extend_from_slice(&self.weights.embedding[t as usize * hidden..][..hidden]);
+            }
+        } else {
+            x.resize(layout.rows() * hidden, 0.0);
+            for (e, example) in examples.iter().enumerate() {
+                let given = example.block_inputs.unwrap_or_default();
+                for (p, state) in given.chunks_exact(hidden).take(sequences[e].len()).enumerate() {
+                    x[layout.row(e, p) * hidden..][..hidden].copy_from_slice(state);
+                }
+            }
+        }
+        let Layout { tokens, positions, segments, .. } = layout;
         let first_layer = if keep { split } else { s.layers };
         let mut reference_input = None;
         let mut layers = Vec::with_capacity(s.layers - first_layer);
-        for l in 0..s.layers {
+        for l in start..s.layers {
             if reference && l == split {
                 reference_input = Some(x.clone());
             }
@@ -364,6 +381,36 @@ impl TrainModel {
             reference,
             reference_ms,
         })
+    }
+
+    /// The block the pass starts at: the lowest trained one when every example brings its
+    /// inputs (checked against `rows`, each example's tokens that need a row), else 0.
+    fn given_inputs_start(&self, examples: &[Example<'_>], rows: &[&[u32]], split: usize) -> Result<usize, BatchError> {
+        let given = examples.iter().filter(|e| e.block_inputs.is_some()).count();
+        if given == 0 {
+            return Ok(0);
+        }
+        if given < examples.len() {
+            return Err(BatchError(format!(
+                "block inputs for {given} of {} examples: give all or none",
+                examples.len()
+            )));
+        }
+        if split == 0 || split >= self.shape().layers {
+            return Err(BatchError(format!("block inputs for a model trained from block {split}: nothing to skip")));
+        }
+        let hidden = self.shape().hidden;
+        for (e, (example, rows)) in examples.iter().zip(rows).enumerate() {
+            let have = example.block_inputs.map_or(0, <[f32]>::len);
+            if have < rows.len() * hidden {
+                return Err(BatchError(format!(
+                    "example {e}: block inputs for {} tokens, {} needed",
+                    have / hidden,
+                    rows.len()
+                )));
+            }
+        }
+        Ok(split)
     }
 
     /// Block `l` over the rows `x` (consumed): its output, and the activations its backward

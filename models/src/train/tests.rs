@@ -10,7 +10,10 @@ const POSITIONS_B: [usize; 3] = [2, 3, 4];
 const COEFFICIENTS: [f32; 7] = [0.7, -1.3, 0.4, 1.1, -0.2, 0.9, -0.6];
 
 fn examples() -> [Example<'static>; 2] {
-    [Example { tokens: &TOKENS_A, positions: &POSITIONS_A }, Example { tokens: &TOKENS_B, positions: &POSITIONS_B }]
+    [
+        Example { tokens: &TOKENS_A, positions: &POSITIONS_A, block_inputs: None },
+        Example { tokens: &TOKENS_B, positions: &POSITIONS_B, block_inputs: None },
+    ]
 }
 
 fn loss(model: &TrainModel) -> f64 {
@@ -203,7 +206,7 @@ fn batch() -> Vec<TrainSequence> {
         .map(|i| {
             let tokens: Vec<u32> = (0..6 + i).map(|t| ((t * 7 + i * 3) % 16) as u32).collect();
             let mask = (0..tokens.len()).map(|t| u8::from(t >= 3)).collect();
-            TrainSequence { tokens, mask }
+            TrainSequence::new(tokens, mask)
         })
         .collect()
 }
@@ -263,7 +266,11 @@ fn supervised_steps_lower_the_loss_and_clipping_bounds_the_step() {
 fn bad_batches_are_errors_not_panics() {
     let model = TrainModel::new(random(tiny_shape(), true, 2));
     let error = |tokens: &[u32], positions: &[usize]| {
-        model.forward(&[Example { tokens, positions }], 1.0).err().map(|e| e.to_string()).unwrap_or_default()
+        model
+            .forward(&[Example { tokens, positions, block_inputs: None }], 1.0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
     };
     assert!(error(&[1, 99], &[1]).contains("token id 99"));
     assert!(error(&[1, 2, 3], &[0]).contains("position 0"));
@@ -302,11 +309,12 @@ fn group_of_rollouts() -> Vec<TrainSequence> {
         .map(|(turn, rest)| {
             let tokens: Vec<u32> = [prompt.as_slice(), turn, rest].concat();
             let mask = (0..tokens.len()).map(|t| u8::from(t >= prompt.len())).collect();
-            TrainSequence { tokens, mask }
+            TrainSequence::new(tokens, mask)
         })
         .collect();
     let tokens: Vec<u32> = (0..9).map(|t| (t * 11 + 2) % 16).collect();
-    sequences.push(TrainSequence { mask: vec![1; tokens.len()], tokens });
+    let mask = vec![1; tokens.len()];
+    sequences.push(TrainSequence::new(tokens, mask));
     sequences
 }
 
@@ -320,17 +328,20 @@ fn shared_rows_run_once_and_give_the_gradient_of_separate_sequences() {
         }
         let sequences = group_of_rollouts();
         let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-        let examples: Vec<Example<'_>> =
-            sequences.iter().zip(&positions).map(|(s, p)| Example { tokens: &s.tokens, positions: p }).collect();
+        let examples: Vec<Example<'_>> = sequences
+            .iter()
+            .zip(&positions)
+            .map(|(s, p)| Example { tokens: &s.tokens, positions: p, block_inputs: None })
+            .collect();
         let dlogp: Vec<Vec<f32>> = positions
             .iter()
             .enumerate()
             .map(|(e, p)| (0..p.len()).map(|i| ((e * 3 + i) % 7) as f32 * 0.3 - 0.9).collect())
             .collect();
         // Together: the prompt (22 rows) and the two shared turns (9, 17) once, then each
-        // sequence's own rows.
+        // sequence's own rows but its last token's (it predicts nothing).
         let tape = model.forward(&examples, 0.8).unwrap();
-        assert_eq!(tape.rows(), 22 + 9 + (3 + 2 + 4) + 3 + 17 + (2 + 3) + 9);
+        assert_eq!(tape.rows(), 22 + 9 + (2 + 1 + 3) + 2 + 17 + (1 + 2) + 8);
         let together = tape.logprobs.clone();
         let mut shared = model.zero_grads();
         model.backward(tape, &dlogp, &mut shared).unwrap();
@@ -362,8 +373,11 @@ fn scoring_without_a_tape_gives_the_forward_pass_log_probabilities() {
     let model = TrainModel::new(random(tiny_shape(), true, 12));
     let sequences = group_of_rollouts();
     let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
-    let examples: Vec<Example<'_>> =
-        sequences.iter().zip(&positions).map(|(s, p)| Example { tokens: &s.tokens, positions: p }).collect();
+    let examples: Vec<Example<'_>> = sequences
+        .iter()
+        .zip(&positions)
+        .map(|(s, p)| Example { tokens: &s.tokens, positions: p, block_inputs: None })
+        .collect();
     let scored = model.score(&examples, 0.8).unwrap();
     assert_eq!(scored, model.forward(&examples, 0.8).unwrap().logprobs);
     assert_eq!(scored.iter().map(Vec::len).collect::<Vec<_>>(), positions.iter().map(Vec::len).collect::<Vec<_>>());
@@ -376,7 +390,7 @@ fn rows_after_the_last_scored_token_are_not_run() {
         let mut mask = vec![0, 0, 1, 1, 1, 0, 1];
         tokens.extend(tail);
         mask.extend(vec![0; tail.len()]);
-        TrainSequence { tokens, mask }
+        TrainSequence::new(tokens, mask)
     };
     let (bare, tailed) = (vec![sequence(&[])], vec![sequence(&[6, 5, 3, 5])]);
     let model = TrainModel::new(random(tiny_shape(), true, 13));
@@ -387,6 +401,6 @@ fn rows_after_the_last_scored_token_are_not_run() {
         (report.micro_batches[0].tokens, trainer.model.weights)
     };
     let (rows, weights) = step(&tailed);
-    assert_eq!(rows, 7, "the four passage tokens after the last scored one are not rows");
+    assert_eq!(rows, 6, "the last scored token and the four passage tokens after it are not rows");
     assert_eq!(weights, step(&bare).1);
 }

@@ -89,4 +89,15 @@ impl TrainerSection {
             _ => None,
         }
     }
+
+    /// The top blocks `update` trains alone, when it trains some only (LoRA's `top_layers`).
+    pub fn update_top_layers(&self) -> Option<usize> {
+        let method = match (&self.update_method, &self.method) {
+            (Some(method), _) | (None, method) => method,
+        };
+        match method {
+            Method::Lora(lora) => lora.top_layers,
+            Method::Full => None,
+        }
+    }
 }

@@ -253,7 +253,7 @@ impl Writer<'_> {
                 push(information, 0).await?;
             }
         }
-        Ok(Some(TrainSequence { tokens, mask }))
+        Ok(Some(TrainSequence::new(tokens, mask)))
     }
 
     /// The `<information>` block of `query` and the titles of its passages, best first.
@@ -508,7 +508,7 @@ pub fn read_user_demonstrations(path: &Path) -> Result<Vec<Demonstration>, Strin
             }
             let tokens: Vec<u32> = prompt.iter().chain(&response).copied().collect();
             let mask = std::iter::repeat_n(0, prompt.len()).chain(mask.iter().map(|&m| u8::from(m != 0))).collect();
-            Ok(Demonstration { role: "user", hops: 0, sequence: TrainSequence { tokens, mask } })
+            Ok(Demonstration { role: "user", hops: 0, sequence: TrainSequence::new(tokens, mask) })
         })
         .collect()
 }
@@ -731,7 +731,7 @@ mod tests {
         std::fs::write(&path, "{\"prompt_ids\": [1, 2], \"token_ids\": [3, 4, 5], \"loss_mask\": [1, 0, 1]}\n")
             .unwrap();
         let demos = read_user_demonstrations(&path).unwrap();
-        assert_eq!(demos[0].sequence, TrainSequence { tokens: vec![1, 2, 3, 4, 5], mask: vec![0, 0, 1, 0, 1] });
+        assert_eq!(demos[0].sequence, TrainSequence::new(vec![1, 2, 3, 4, 5], vec![0, 0, 1, 0, 1]));
         std::fs::write(&path, "{\"prompt_ids\": [1], \"token_ids\": [3, 4], \"loss_mask\": [1]}\n").unwrap();
         assert!(read_user_demonstrations(&path).unwrap_err().contains("row 1"));
         std::fs::write(&path, "{\"prompt_ids\": [1]}\n").unwrap();

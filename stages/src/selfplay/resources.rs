@@ -266,6 +266,11 @@ impl LoopResources {
             })),
             None => None,
         };
+        if let Some(top) = served_block_inputs(spec, &trainer) {
+            for policy in std::iter::once(&policy).chain(&proposer_policy) {
+                policy.block_inputs(&[], top)?;
+            }
+        }
         let selfplay = SelfPlay {
             policy,
             proposer_policy,
@@ -377,6 +382,19 @@ impl LoopResources {
         }
         resources.insert(self.external);
     }
+}
+
+/// The top blocks that `spec`'s in-process updates train from the served model's block inputs
+/// (`served_block_inputs`, LoRA on the top blocks), for the policies to keep them from the
+/// first rollout on (else the first update computes them all anew).
+fn served_block_inputs(spec: &Spec, trainer: &TrainerSection) -> Option<usize> {
+    let top = trainer.update_top_layers()?;
+    let reads = |stage: &sesa_engine::spec::StageInstance| {
+        stage.kind == <super::stages::Update as sesa_engine::Stage>::KIND
+            && serde_json::from_value::<super::stages::UpdateConfig>(stage.config().clone())
+                .is_ok_and(|config| config.served_block_inputs && config.external.is_none())
+    };
+    spec.stages.iter().any(reads).then_some(top)
 }
 
 /// The first step whose accepted questions are still in the reuse pool at `step`: the pool is

@@ -41,6 +41,9 @@ pub(crate) struct LlamaModel {
     output: PackedWeight,
     /// How sequences' keys and values are cached.
     kv_cache_dtype: KvCacheDtype,
+    /// The block whose input (the residual stream entering it) caches keep for every token
+    /// fed, when a trainer asked for it ([`KvCache::block_inputs`]).
+    pub(crate) keep_block_inputs: Option<usize>,
     threads: usize,
     blocks: Vec<Block>,
     /// cos and sin of every position's rotation angles, `context × head_dim/2`.
@@ -54,6 +57,11 @@ pub(crate) struct LlamaModel {
 pub(crate) struct KvCache {
     len: usize,
     layers: Vec<KvLayer>,
+    /// The residual stream entering block [`LlamaModel::keep_block_inputs`] at each token,
+    /// `len × block_input_width`; kept only by caches begun after it was asked for (width 0:
+    /// none kept).
+    block_inputs: Vec<f32>,
+    block_input_width: usize,
 }
 
 /// One layer's cached keys and values, in the model's [`KvCacheDtype`].
@@ -129,7 +137,22 @@ impl KvCache {
     /// that prefix.
     pub(crate) fn prefix(&self, len: usize) -> KvCache {
         let len = len.min(self.len);
-        KvCache { len, layers: self.layers.iter().map(|layer| layer.prefix(len, self.len)).collect() }
+        let (block_inputs, block_input_width) = match self.block_inputs() {
+            Some(all) => (all[..len * self.block_input_width].to_vec(), self.block_input_width),
+            None => (Vec::new(), 0),
+        };
+        KvCache {
+            len,
+            layers: self.layers.iter().map(|layer| layer.prefix(len, self.len)).collect(),
+            block_inputs,
+            block_input_width,
+        }
+    }
+
+    /// The kept block inputs of every cached token (`len × hidden`), when it keeps them.
+    pub(crate) fn block_inputs(&self) -> Option<&[f32]> {
+        let complete = self.block_input_width > 0 && self.block_inputs.len() == self.len * self.block_input_width;
+        complete.then_some(&self.block_inputs[..])
     }
 }
 
@@ -182,6 +205,7 @@ impl LlamaModel {
             embedding: weights.embedding.clone(),
             output,
             kv_cache_dtype,
+            keep_block_inputs: None,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             blocks,
             cos,
@@ -242,6 +266,20 @@ impl LlamaModel {
         let threads = self.threads;
         let qkv_width = hidden + 2 * kv_width;
         for (l, block) in self.blocks.iter().enumerate() {
+            if self.keep_block_inputs == Some(l) {
+                let mut start = 0;
+                for chunk in chunks.iter_mut() {
+                    let rows = chunk.tokens.len() * hidden;
+                    let cache = &mut *chunk.cache;
+                    if cache.len == 0 {
+                        cache.block_input_width = hidden;
+                    }
+                    if cache.block_input_width == hidden {
+                        cache.block_inputs.extend_from_slice(&x[start..start + rows]);
+                    }
+                    start += rows;
+                }
+            }
             rms_norm(&x, &block.attention_norm, eps, &mut normed);
             qkv.resize(n * qkv_width, 0.0);
             block.qkv.forward(&normed, n, &mut qkv, threads);

@@ -35,16 +35,32 @@ pub(super) struct Submitted {
 /// to hundreds of milliseconds).
 const GATHER: Duration = Duration::from_millis(5);
 
-/// Cached sequences: token ids with the KV cache of exactly those tokens.
+/// Cached sequences: token ids with the KV cache of exactly those tokens; and, while the model
+/// keeps block inputs, those of finished sequences, kept longer than their caches (a token's
+/// inputs are a twentieth of its keys and values), for the trainer to read after the rollouts.
 pub(super) struct Sessions {
     pub(super) capacity: usize,
     pub(super) clock: u64,
     pub(super) entries: Vec<(Vec<u32>, KvCache, u64)>,
+    /// Token ids with the block inputs of each (`tokens × hidden`), at most
+    /// [`BLOCK_INPUTS_PER_CACHED_TOKEN`] × `capacity` tokens.
+    inputs: Vec<(Vec<u32>, Vec<f32>, u64)>,
 }
+
+/// How many tokens' block inputs are kept per token of KV cache: a step's rollouts, whose
+/// caches mostly make way for each other, keep their inputs until the update reads them.
+const BLOCK_INPUTS_PER_CACHED_TOKEN: usize = 4;
 
 impl Sessions {
     pub(super) fn new(capacity: usize) -> Sessions {
-        Sessions { capacity, clock: 0, entries: Vec::new() }
+        Sessions { capacity, clock: 0, entries: Vec::new(), inputs: Vec::new() }
+    }
+
+    /// Forgets every cached sequence (their keys, values and block inputs were another
+    /// model's).
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+        self.inputs.clear();
     }
 
     /// The cache of the longest cached prefix of `context`, leaving at least one token to feed.
@@ -64,18 +80,37 @@ impl Sessions {
         }
     }
 
+    /// The block inputs of every token of `tokens`, when a kept sequence begins with them.
+    fn block_inputs_of(&mut self, tokens: &[u32]) -> Option<Vec<f32>> {
+        self.clock += 1;
+        let (held, inputs, used) = self.inputs.iter_mut().find(|(held, _, _)| held.starts_with(tokens))?;
+        *used = self.clock;
+        Some(inputs[..inputs.len() / held.len() * tokens.len()].to_vec())
+    }
+
     /// Keeps `cache` (of `tokens`), dropping the sequences it extends and then the least
-    /// recently used ones beyond the capacity.
+    /// recently used ones beyond the capacity; and its block inputs if it kept them.
     pub(super) fn store(&mut self, tokens: Vec<u32>, cache: KvCache) {
         assert_eq!(tokens.len(), cache.len(), "a cache of other tokens");
         self.clock += 1;
+        if let Some(inputs) = cache.block_inputs().filter(|_| !tokens.is_empty()) {
+            self.inputs.retain(|(kept, _, _)| !tokens.starts_with(kept));
+            self.inputs.push((tokens.clone(), inputs.to_vec(), self.clock));
+            evict(&mut self.inputs, self.capacity * BLOCK_INPUTS_PER_CACHED_TOKEN);
+        }
         self.entries.retain(|(cached, _, _)| !tokens.starts_with(cached));
         self.entries.push((tokens, cache, self.clock));
-        let mut total: usize = self.entries.iter().map(|e| e.0.len()).sum();
-        while total > self.capacity {
-            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.2).map(|(i, _)| i) else { break };
-            total -= self.entries.swap_remove(oldest).0.len();
-        }
+        evict(&mut self.entries, self.capacity);
+    }
+}
+
+/// Drops the least recently used of `entries` (token ids, what is kept of them, last use)
+/// until they hold at most `capacity` tokens.
+fn evict<T>(entries: &mut Vec<(Vec<u32>, T, u64)>, capacity: usize) {
+    let mut total: usize = entries.iter().map(|e| e.0.len()).sum();
+    while total > capacity {
+        let Some(oldest) = entries.iter().enumerate().min_by_key(|(_, e)| e.2).map(|(i, _)| i) else { break };
+        total -= entries.swap_remove(oldest).0.len();
     }
 }
 
@@ -125,6 +160,12 @@ pub(super) enum Message {
     /// before it have finished; cached keys and values, computed by the old weights, are
     /// dropped. The sender hears when the swap is done.
     Replace(Box<LlamaModel>, std::sync::mpsc::Sender<()>),
+    /// The block inputs of every token of each sequence at a block (see [`block_inputs`]).
+    BlockInputs {
+        sequences: Vec<Vec<u32>>,
+        layer: usize,
+        reply: std::sync::mpsc::Sender<Result<Vec<Vec<f32>>, String>>,
+    },
 }
 
 /// The scheduler's loop; returns when every sender of `submissions` is gone (the policy was
@@ -159,9 +200,14 @@ pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Me
                     while !running.is_empty() {
                         inner.advance(&model, &mut running, &mut sessions);
                     }
+                    let keep = model.keep_block_inputs;
                     model = *new;
-                    sessions.entries.clear();
+                    model.keep_block_inputs = keep;
+                    sessions.clear();
                     let _ = done.send(());
+                }
+                Message::BlockInputs { sequences, layer, reply } => {
+                    let _ = reply.send(block_inputs(&mut model, &mut sessions, &sequences, layer));
                 }
             }
         }
@@ -206,6 +252,38 @@ impl Inner {
         }
         answered
     }
+}
+
+/// The residual stream entering block `layer` at every token of each of `sequences`: as kept
+/// when the tokens were served, else computed now (and kept, so that the rollouts of a group
+/// compute their prompt once). From the first call on, the model keeps them for every sequence
+/// it begins. By row-locality both ways give the same bits.
+fn block_inputs(
+    model: &mut LlamaModel,
+    sessions: &mut Sessions,
+    sequences: &[Vec<u32>],
+    layer: usize,
+) -> Result<Vec<Vec<f32>>, String> {
+    if model.keep_block_inputs != Some(layer) {
+        model.keep_block_inputs = Some(layer);
+        sessions.clear();
+    }
+    // Everything kept is read before anything is computed: what is computed may evict it.
+    let mut inputs: Vec<Option<Vec<f32>>> = sequences.iter().map(|s| sessions.block_inputs_of(s)).collect();
+    for (sequence, inputs) in sequences.iter().zip(&mut inputs) {
+        if inputs.is_some() || sequence.is_empty() {
+            continue;
+        }
+        let mut cache = sessions.lookup(sequence);
+        if cache.block_inputs().is_none() {
+            cache = KvCache::default();
+        }
+        let pending = &sequence[cache.len()..];
+        model.forward(&mut [Chunk { cache: &mut cache, tokens: pending }]).map_err(|e| e.to_string())?;
+        *inputs = cache.block_inputs().map(<[f32]>::to_vec);
+        sessions.store(sequence.clone(), cache);
+    }
+    Ok(inputs.into_iter().map(Option::unwrap_or_default).collect())
 }
 
 /// Receives for up to [`GATHER`], until `enough` requests have arrived.

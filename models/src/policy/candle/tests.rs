@@ -324,7 +324,9 @@ async fn trainer_server_gap(policy: &CandlePolicy, trainer: crate::train::TrainM
     let first = tokens.len();
     tokens.extend(&generated);
     let positions: Vec<usize> = (first..tokens.len()).collect();
-    let tape = trainer.forward(&[crate::train::Example { tokens: &tokens, positions: &positions }], 1.0).unwrap();
+    let tape = trainer
+        .forward(&[crate::train::Example { tokens: &tokens, positions: &positions, block_inputs: None }], 1.0)
+        .unwrap();
     tape.logprobs[0].iter().zip(&recorded).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max)
 }
 
@@ -409,4 +411,79 @@ fn smollm2_is_prompted_with_its_own_template() {
     assert!(reread.is_model_template(), "the export keeps the template");
     assert_eq!(reread.render(&messages), chatml);
     assert!(gguf_template_source(&smollm2_gguf()).unwrap().format().unwrap().is_model_template());
+}
+
+/// A trainer with adapters on the top blocks starts its passes from the residual stream the
+/// served model kept at the lowest adapted block while it generated: the kept inputs are what
+/// the model computes afresh (bit for bit, so resuming a run, which computes them, changes
+/// nothing), and the trainer's log-probabilities and gradients from them are those it gets
+/// running every block itself (within the two passes' rounding), rollouts sharing their prompt
+/// in one prefix tree included.
+#[tokio::test]
+async fn served_block_inputs_start_the_trainer_at_its_lowest_adapted_block() {
+    use crate::train::{Example, LoraMethod, Method, TrainModel, TrainSequence};
+    let policy = smollm2_candle();
+    let (weights, tokenizer) = tokio::task::spawn_blocking(load_weights).await.unwrap();
+    let lora = LoraMethod { top_layers: Some(2), ..LoraMethod::everywhere(4, 8.0) };
+    let mut trainer = TrainModel::for_method(weights, &Method::Lora(lora));
+    for lora in trainer.adapters.iter_mut().flat_map(|a| a.blocks.iter_mut()).flatten().flatten() {
+        lora.b.iter_mut().enumerate().for_each(|(i, b)| *b = ((i % 7) as f32 - 3.0) * 2e-3);
+    }
+    assert_eq!(trainer.first_trained_layer(), trainer.shape().layers - 2);
+    policy.block_inputs(&[], 2).unwrap().expect("the candle backend keeps block inputs");
+
+    let sampled =
+        |seed| GenerationRequest { sampling: Sampling { temperature: 1.0, top_p: 1.0 }, seed, ..greedy(PROMPT, 20) };
+    let generations = policy.generate(&[sampled(1), sampled(2), sampled(3)]).await.unwrap();
+    let prompt = ids(&tokenizer, PROMPT);
+    let sequences: Vec<TrainSequence> = generations
+        .iter()
+        .map(|g| {
+            let tokens = [prompt.as_slice(), g.token_ids.as_ref().unwrap()].concat();
+            let mask = (0..tokens.len()).map(|t| u8::from(t >= prompt.len())).collect();
+            TrainSequence::new(tokens, mask)
+        })
+        .collect();
+    let read: Vec<Vec<u32>> = sequences.iter().map(|s| s.read().to_vec()).collect();
+    let kept = policy.block_inputs(&read, 2).unwrap().unwrap();
+    let afresh = smollm2_candle().block_inputs(&read, 2).unwrap().unwrap();
+    assert!(kept.iter().zip(&read).all(|(k, r)| k.len() == r.len() * trainer.shape().hidden));
+    assert!(kept == afresh, "kept block inputs differ from those computed afresh");
+
+    let positions: Vec<Vec<usize>> = sequences.iter().map(TrainSequence::positions).collect();
+    fn examples<'a>(
+        sequences: &'a [TrainSequence],
+        positions: &'a [Vec<usize>],
+        inputs: Option<&'a [Vec<f32>]>,
+        without: Option<usize>,
+    ) -> Vec<Example<'a>> {
+        (0..sequences.len())
+            .map(|i| Example {
+                tokens: &sequences[i].tokens,
+                positions: &positions[i],
+                block_inputs: inputs.filter(|_| without != Some(i)).map(|all| all[i].as_slice()),
+            })
+            .collect()
+    }
+    let pass = |inputs| {
+        let tape = trainer.forward(&examples(&sequences, &positions, inputs, None), 1.0).unwrap();
+        let logprobs = tape.logprobs.clone();
+        let ones: Vec<Vec<f32>> = logprobs.iter().map(|l| vec![1.0; l.len()]).collect();
+        let mut grads = trainer.zero_grads();
+        trainer.backward(tape, &ones, &mut grads).unwrap();
+        let norm = crate::train::global_norm(&grads.tensors().iter().map(|g| g.as_slice()).collect::<Vec<_>>());
+        (logprobs, norm)
+    };
+    let (served, served_norm) = pass(Some(&kept[..]));
+    let (own, own_norm) = pass(None);
+    let gap = served.iter().flatten().zip(own.iter().flatten()).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(gap < TRAINER_SERVER_TOLERANCE, "log-probabilities differ by up to {gap}");
+    assert!((served_norm / own_norm - 1.0).abs() < 1e-3, "gradient norms {served_norm} and {own_norm}");
+
+    let refused = trainer
+        .forward(&examples(&sequences, &positions, Some(&kept), Some(1)), 1.0)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(refused.contains("give all or none"), "{refused}");
 }

@@ -23,7 +23,7 @@ use sesa_engine::columns::{Columns, Reader, schema_of};
 pub struct CollectConfig {
     /// Only failures of frontier questions (0 < p̂ < 1), as SESA does; `false` collects every
     /// failure (the `− frontier shaping` ablation).
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub frontier_only: bool,
     /// Also collect a question none of whose own rollouts succeeded but whose guided (hinted)
     /// rollout did (`solve.guidance: hint`): its failures, with the guided success as the
@@ -32,10 +32,6 @@ pub struct CollectConfig {
     /// collects frontier questions only).
     #[serde(default)]
     pub guided: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// Collects failures for distillation.

@@ -36,6 +36,10 @@ fn one() -> usize {
     1
 }
 
+fn yes() -> bool {
+    true
+}
+
 fn four() -> usize {
     4
 }

@@ -71,7 +71,7 @@ impl Sample {
         tokens.extend(&self.response_ids);
         let mut mask = vec![0u8; self.prompt_ids.len()];
         mask.extend(self.loss_mask.iter().map(|&m| u8::from(m != 0)));
-        Some(TrainSequence { tokens, mask })
+        Some(TrainSequence::new(tokens, mask))
     }
 
     /// The `loss_mask` value and the recorded log-probability of each scored position of

@@ -457,12 +457,14 @@ pub fn train_with_sesa(
         misstep_penalty: 0.0,
         written_sft: 0.0,
         keep_every: None,
+        served_block_inputs: false,
         external: None,
     };
     let plan = super::in_process::Plan {
         config: &config,
         temperature: manifest.temperature,
         total_lr_steps: super::in_process::optimizer_steps(&batches, &config),
+        serving: None,
     };
     let mut metrics = BTreeMap::new();
     for batch in &batches {

@@ -13,6 +13,7 @@ use crate::agent::Role;
 use crate::selfplay::SelfPlay;
 use crate::selfplay::stages::{elapsed_ms, failed};
 use crate::selfplay::training::{Published, TrainState, by_training, publish_version};
+use sesa_models::policy::Policy;
 use sesa_models::train::{TrainSequence, WithReference, logprobs, logprobs_with_reference};
 
 /// Mean and largest absolute difference between two log-probability lists, over the pairs.
@@ -47,6 +48,8 @@ pub(super) struct Timings {
     pub forward_backward_ms: f64,
     /// Gradient clipping and AdamW.
     pub optimizer_ms: f64,
+    /// Reading or computing the served model's block inputs (`served_block_inputs`).
+    pub block_inputs_ms: f64,
 }
 
 /// Settings an update of one role runs with.
@@ -56,6 +59,9 @@ pub(super) struct Plan<'a> {
     /// The learning-rate schedule's length in optimizer steps (its position is the
     /// optimizer's step count, which only this stage advances).
     pub total_lr_steps: u64,
+    /// The policy serving the trained model, to read block inputs from
+    /// (`served_block_inputs`).
+    pub serving: Option<&'a Arc<dyn Policy>>,
 }
 
 /// Token `t`'s advantage, from its rollout's `advantage` (less any misstep penalty). For a
@@ -77,6 +83,24 @@ fn token_advantage(
     }
 }
 
+/// Gives `sequences` the served model's residual stream entering the trainer's lowest trained
+/// block, when the plan reads it and blocks below that one are frozen. A guided rollout's
+/// trained prompt lacks the hint it was sampled under: the policy computes its inputs anew,
+/// as it does for anything it no longer keeps.
+fn served_block_inputs(state: &TrainState, plan: &Plan<'_>, sequences: &mut [TrainSequence]) -> Result<(), String> {
+    let model = &state.trainer.model;
+    let top = model.shape().layers.saturating_sub(model.first_trained_layer());
+    let Some(policy) = plan.serving else { return Ok(()) };
+    let read: Vec<Vec<u32>> = sequences.iter().map(|q| q.read().to_vec()).collect();
+    let Some(inputs) = policy.block_inputs(&read, top).map_err(|e| format!("the served block inputs: {e}"))? else {
+        return Ok(());
+    };
+    for (sequence, inputs) in sequences.iter_mut().zip(inputs) {
+        sequence.block_inputs = Some(inputs.into());
+    }
+    Ok(())
+}
+
 /// Trains `state` on one role's batch; returns the rows of `updates`.
 pub(super) fn update_role(
     state: &mut TrainState,
@@ -94,13 +118,16 @@ pub(super) fn update_role(
         ..UpdateRow::default()
     };
     // Trajectories without token ids (an inexact backend) cannot be trained in process.
-    let (samples, sequences): (Vec<_>, Vec<TrainSequence>) =
+    let (samples, mut sequences): (Vec<_>, Vec<TrainSequence>) =
         batch.samples.iter().filter_map(|s| s.sequence().map(|q| (s, q))).unzip();
     if samples.iter().all(|s| s.advantage == 0.0 && !s.has_own_credit(config.credits_written())) {
         // Nothing to learn: the only gradient would be the KL pull, and AdamW's decay would
         // still move the weights.
         return Ok(vec![UpdateRow { sequences: samples.len() as u64, ..summary }]);
     }
+    let clock = Instant::now();
+    served_block_inputs(state, plan, &mut sequences)?;
+    timings.block_inputs_ms += elapsed_ms(clock);
     let serving: Vec<Vec<f32>> = samples.iter().zip(&sequences).map(|(s, q)| s.serving_at(q)).collect();
     // A guided rollout was sampled under a hint its trained prompt lacks: each token's advantage
     // is weighted by min(1, π(token | prompt) / μ(token | prompt + hint)), the truncated
@@ -296,11 +323,16 @@ impl Update {
         }
         let config = self.config.clone();
         let parents: Vec<u64> = states.iter().map(|s| s.version).collect();
+        let serving: Vec<Option<Arc<dyn Policy>>> = trainings
+            .iter()
+            .map(|(training, _)| config.served_block_inputs.then(|| training.model.served_by(selfplay)))
+            .collect();
         let worker = tokio::task::spawn_blocking(move || {
             let mut rows = Vec::new();
             let mut timings = Timings::default();
-            for (state, (batches, total_lr_steps)) in states.iter_mut().zip(&work) {
-                let plan = Plan { config: &config, temperature, total_lr_steps: *total_lr_steps };
+            for ((state, (batches, total_lr_steps)), serving) in states.iter_mut().zip(&work).zip(&serving) {
+                let plan =
+                    Plan { config: &config, temperature, total_lr_steps: *total_lr_steps, serving: serving.as_ref() };
                 for batch in batches {
                     match update_role(state, batch, &plan, &mut timings) {
                         Ok(more) => rows.extend(more),
@@ -415,6 +447,7 @@ mod tests {
             misstep_penalty: 0.0,
             written_sft: 0.0,
             keep_every: None,
+            served_block_inputs: false,
             external: None,
         }
     }
@@ -428,7 +461,7 @@ mod tests {
         let mut state = state();
         let batch = batch(&[1.0, -1.0, 1.0, -1.0]);
         let config = config(1, None);
-        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
         let before = totals(&state, &batch);
         for round in 0..5 {
             let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
@@ -459,7 +492,7 @@ mod tests {
     fn the_lora_reference_from_the_policys_own_passes_is_a_separate_base_models() {
         let batch = batch(&[1.0, -1.0, 1.0, -1.0]);
         for config in [config(1, None), config(2, Some(2))] {
-            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+            let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
             let updates = |separate: bool| {
                 let mut state = state();
                 let method = Method::Lora(LoraMethod { top_layers: Some(1), ..LoraMethod::everywhere(2, 4.0) });
@@ -483,7 +516,7 @@ mod tests {
     /// One update of a fresh state on `batch` under `config`: its policy-gradient loss and
     /// whether the weights moved.
     fn train_once(batch: &RoleBatch, config: UpdateConfig) -> (f64, bool) {
-        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
         let mut state = state();
         let before = state.trainer.model.weights.clone();
         let rows = update_role(&mut state, batch, &plan, &mut Timings::default()).unwrap();
@@ -552,7 +585,7 @@ mod tests {
         let mut state = state();
         let batch = batch(&[2.0, -2.0, 2.0, -2.0]);
         let config = config(2, Some(2));
-        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
         let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         let steps: Vec<(u64, u64, u64)> = rows.iter().map(|r| (r.epoch, r.mini_batch, r.optimizer_step)).collect();
         assert_eq!(steps, [(0, 0, 1), (0, 1, 2), (1, 0, 3), (1, 1, 4)]);
@@ -569,7 +602,7 @@ mod tests {
         batch.role = "proposer";
         let before = state.trainer.model.weights.clone();
         let config = config(1, None);
-        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
         let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].optimizer_step, 0, "no optimizer step");
@@ -586,7 +619,7 @@ mod tests {
         let mut state = state();
         let before = state.trainer.model.weights.clone();
         let config = config(1, None);
-        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10 };
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
         let rows = update_role(&mut state, &silent, &plan, &mut Timings::default()).unwrap();
         assert_eq!((rows.len(), rows[0].sequences, rows[0].groups_without_signal), (1, 0, 12));
         assert_eq!(state.trainer.model.weights, before);

@@ -109,6 +109,14 @@ pub struct UpdateConfig {
     /// by default.
     #[serde(default)]
     pub keep_every: Option<u64>,
+    /// With LoRA on the top blocks only, start the trainer's passes at the lowest adapted
+    /// block from the residual stream the served model computed there while it sampled and
+    /// read the rollouts (the `candle` backend keeps it), instead of running the frozen blocks
+    /// below again: about half of a top-8 update's work. The trainer's log-probabilities then
+    /// rest on the served model's numerics below that block (`model.dtype`), as the rollouts
+    /// did. False: the trainer runs every block itself in F32. In-process training only.
+    #[serde(default = "super::yes")]
+    pub served_block_inputs: bool,
     /// Hands each step's batch to an external trainer (verl, OpenRLHF on a GPU cluster)
     /// instead of training in process; see the README's "External trainer".
     #[serde(default)]
@@ -371,12 +379,15 @@ impl Stage for Update {
         metrics.push(("tokens".into(), tokens as f64));
         metrics.push(("train_ms".into(), outcome.train_ms));
         metrics.push(("serve_ms".into(), outcome.published.serve_ms));
-        if let Some(Timings { reference_ms, old_logprobs_ms, forward_backward_ms, optimizer_ms }) = outcome.timings {
+        if let Some(Timings { reference_ms, old_logprobs_ms, forward_backward_ms, optimizer_ms, block_inputs_ms }) =
+            outcome.timings
+        {
             metrics.push(("checkpoint_ms".into(), outcome.published.checkpoint_ms));
             metrics.push(("reference_ms".into(), reference_ms));
             metrics.push(("old_logprobs_ms".into(), old_logprobs_ms));
             metrics.push(("forward_backward_ms".into(), forward_backward_ms));
             metrics.push(("optimizer_ms".into(), optimizer_ms));
+            metrics.push(("block_inputs_ms".into(), block_inputs_ms));
         }
         for (model, version) in &outcome.versions {
             metrics.push((model.version_metric().into(), *version as f64));
