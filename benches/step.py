@@ -32,6 +32,7 @@ PARTS = [
     ("verify", "verify", "wall_ms"),
     ("solve", "solve", "wall_ms"),
     ("update", "update", "wall_ms"),
+    ("inputs", "update", "block_inputs_ms"),
     ("fwd+bwd", "update", "forward_backward_ms"),
     ("reference", "update", "reference_ms"),
     ("optimizer", "update", "optimizer_ms"),
