@@ -49,7 +49,8 @@ pub struct CandleConfig {
     pub model: String,
     /// Tokens of KV cache kept between calls for reuse (the least recently used sequences go
     /// first). SmolLM2-135M needs 45 KiB per token in F32 (half in F16): the default 32768 is
-    /// about 1.5 GB.
+    /// about 1.5 GB. While an update reads the served block inputs, 2.25 KiB more per token,
+    /// and up to four times as many tokens' inputs for finished sequences (about 0.3 GB).
     #[serde(default = "default_cache_tokens")]
     pub cache_tokens: usize,
     /// The policy version these weights are (0: as published, untrained). `sesa eval` sets it

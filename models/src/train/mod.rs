@@ -310,9 +310,9 @@ impl TrainSequence {
 
     /// The tokens a pass reads: those before the last trained one (attention is causal, so
     /// nothing after it matters, such as the passages of a search a rollout never answered
-    /// after).
+    /// after); none when nothing is trained.
     pub fn read(&self) -> &[u32] {
-        &self.tokens[..self.positions().last().copied().unwrap_or(self.tokens.len().saturating_sub(1))]
+        &self.tokens[..self.positions().last().copied().unwrap_or(0)]
     }
 }
 

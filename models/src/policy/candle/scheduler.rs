@@ -37,7 +37,8 @@ const GATHER: Duration = Duration::from_millis(5);
 
 /// Cached sequences: token ids with the KV cache of exactly those tokens; and, while the model
 /// keeps block inputs, those of finished sequences, kept longer than their caches (a token's
-/// inputs are a twentieth of its keys and values), for the trainer to read after the rollouts.
+/// inputs are a tenth of its keys and values in F16, a twentieth in F32), for the trainer to
+/// read after the rollouts.
 pub(super) struct Sessions {
     pub(super) capacity: usize,
     pub(super) clock: u64,
@@ -207,7 +208,15 @@ pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Me
                     let _ = done.send(());
                 }
                 Message::BlockInputs { sequences, layer, reply } => {
-                    let _ = reply.send(block_inputs(&mut model, &mut sessions, &sequences, layer));
+                    // Sequences begun before keeping another block's inputs finish first: a
+                    // cache never holds two blocks' inputs.
+                    if model.keep_block_inputs != Some(layer) {
+                        while !running.is_empty() {
+                            inner.advance(&model, &mut running, &mut sessions);
+                        }
+                    }
+                    let inputs = surviving_panics(|| block_inputs(&mut model, &mut sessions, &sequences, layer));
+                    let _ = reply.send(inputs);
                 }
             }
         }
@@ -224,14 +233,7 @@ impl Inner {
     fn advance(&self, model: &LlamaModel, running: &mut Vec<Sequence>, sessions: &mut Sessions) -> usize {
         // A failing forward pass, or a bug that panics, fails the requests of this step; the
         // scheduler lives on for the next calls.
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(model, running)))
-            .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned());
-                Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
-            });
+        let stepped = surviving_panics(|| self.step(model, running));
         if let Err(message) = stepped {
             for sequence in running.drain(..) {
                 let _ = sequence.reply.send(Err(self.error(&message)));
@@ -284,6 +286,15 @@ fn block_inputs(
         sessions.store(sequence.clone(), cache);
     }
     Ok(inputs.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+/// `work`'s result, or a bug that panicked in it as an error: the scheduler lives on.
+fn surviving_panics<T>(work: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let what =
+            panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        Err(format!("internal error (please report it): {}", what.unwrap_or_default()))
+    })
 }
 
 /// Receives for up to [`GATHER`], until `enough` requests have arrived.
