@@ -312,7 +312,8 @@ impl TrainSequence {
     /// nothing after it matters, such as the passages of a search a rollout never answered
     /// after); none when nothing is trained.
     pub fn read(&self) -> &[u32] {
-        &self.tokens[..self.positions().last().copied().unwrap_or(0)]
+        let last = self.mask.iter().take(self.tokens.len()).rposition(|&m| m != 0).filter(|&p| p >= 1);
+        &self.tokens[..last.unwrap_or(0)]
     }
 }
 

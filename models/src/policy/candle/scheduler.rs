@@ -208,14 +208,16 @@ pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Me
                     let _ = done.send(());
                 }
                 Message::BlockInputs { sequences, layer, reply } => {
-                    // Sequences begun before keeping another block's inputs finish first: a
-                    // cache never holds two blocks' inputs.
+                    // Keeping another block's inputs: sequences begun before finish first and
+                    // what was kept is forgotten, so a cache never holds two blocks' inputs.
                     if model.keep_block_inputs != Some(layer) {
                         while !running.is_empty() {
                             inner.advance(&model, &mut running, &mut sessions);
                         }
+                        model.keep_block_inputs = Some(layer);
+                        sessions.clear();
                     }
-                    let inputs = surviving_panics(|| block_inputs(&mut model, &mut sessions, &sequences, layer));
+                    let inputs = surviving_panics(|| block_inputs(&model, &mut sessions, &sequences, layer));
                     let _ = reply.send(inputs);
                 }
             }
@@ -256,20 +258,17 @@ impl Inner {
     }
 }
 
-/// The residual stream entering block `layer` at every token of each of `sequences`: as kept
-/// when the tokens were served, else computed now (and kept, so that the rollouts of a group
-/// compute their prompt once). From the first call on, the model keeps them for every sequence
-/// it begins. By row-locality both ways give the same bits.
+/// The residual stream entering block `layer`, the one `model` keeps inputs of, at every token
+/// of each of `sequences`: as kept when the tokens were served, else computed now (and kept, so
+/// that the rollouts of a group compute their prompt once). By row-locality both ways give the
+/// same bits.
 fn block_inputs(
-    model: &mut LlamaModel,
+    model: &LlamaModel,
     sessions: &mut Sessions,
     sequences: &[Vec<u32>],
     layer: usize,
 ) -> Result<Vec<Vec<f32>>, String> {
-    if model.keep_block_inputs != Some(layer) {
-        model.keep_block_inputs = Some(layer);
-        sessions.clear();
-    }
+    debug_assert_eq!(model.keep_block_inputs, Some(layer), "the caller keeps this block's inputs");
     // Everything kept is read before anything is computed: what is computed may evict it.
     let mut inputs: Vec<Option<Vec<f32>>> = sequences.iter().map(|s| sessions.block_inputs_of(s)).collect();
     for (sequence, inputs) in sequences.iter().zip(&mut inputs) {
