@@ -131,23 +131,39 @@ pub fn attend<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scor
         queries.len()
     );
     let heads = queries.len() / width;
-    // Key-major (`count × heads`): the weights of one key for a group of heads are contiguous.
+    // Head-major (`heads × count`): a head's scores are contiguous.
     scores.clear();
-    scores.resize(count * heads, 0.0);
+    scores.resize(heads * count, 0.0);
     score_keys(queries, head, scale, scores);
-    for h in 0..heads {
-        let max = scores.iter().skip(h).step_by(heads).fold(f32::NEG_INFINITY, |max, score| max.max(*score));
-        scores.iter_mut().skip(h).step_by(heads).for_each(|score| *score -= max);
+    if count == 0 {
+        out.iter_mut().for_each(|o| *o = 0.0);
+        return;
+    }
+    // The heads side by side in one pass over the keys: each head's running maximum and sum
+    // goes on in key order, as it would alone, while the others' fill the wait for its last add.
+    let mut maxima = vec![f32::NEG_INFINITY; heads];
+    for j in 0..count {
+        for (h, max) in maxima.iter_mut().enumerate() {
+            *max = max.max(scores[h * count + j]);
+        }
+    }
+    for (scores, max) in scores.chunks_exact_mut(count).zip(&maxima) {
+        scores.iter_mut().for_each(|score| *score -= max);
     }
     exp_in_place(scores);
-    for h in 0..heads {
-        let total: f32 = scores.iter().skip(h).step_by(heads).sum();
-        scores.iter_mut().skip(h).step_by(heads).for_each(|weight| *weight /= total);
+    let mut totals = vec![-0.0f32; heads];
+    for j in 0..count {
+        for (h, total) in totals.iter_mut().enumerate() {
+            *total += scores[h * count + j];
+        }
+    }
+    for (weights, total) in scores.chunks_exact_mut(count).zip(&totals) {
+        weights.iter_mut().for_each(|weight| *weight /= total);
     }
     weigh_values(scores, heads, head, out);
 }
 
-/// `scores[j * heads + h] = dot(query h, key j) · scale` for every key of `head`, with AVX2
+/// `scores[h * count + j] = dot(query h, key j) · scale` for every key of `head`, with AVX2
 /// where the CPU has it (which reads F16 keys without widening them first).
 fn score_keys<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scores: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -156,31 +172,126 @@ fn score_keys<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scor
         unsafe { score_keys_avx2(queries, head, scale, scores) };
         return;
     }
-    score_keys_with(queries, head, scale, scores, dot_portable);
+    score_keys_with(queries, head, scale, scores, 0, dot_portable);
 }
+
+/// Keys scored together by [`score_eight_keys`]: a head's dot products with eight keys, one
+/// per lane after a transpose.
+#[cfg(target_arch = "x86_64")]
+const KEYS_AT_ONCE: usize = 8;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 fn score_keys_avx2<T: KvValue>(queries: &[f32], head: KvHead<'_, T>, scale: f32, scores: &mut [f32]) {
-    // The closure inherits this function's target features.
-    score_keys_with(queries, head, scale, scores, |a, b| dot_avx2(a, b));
+    let (count, width) = (head.count, head.width);
+    let heads = queries.len() / width;
+    assert!(
+        scores.len() >= heads * count
+            && (count == 0 || head.keys.len() >= (count - 1) * head.stride + head.offset + width),
+        "score_keys: {heads} heads, {count} keys"
+    );
+    let mut first = 0;
+    while first + KEYS_AT_ONCE <= count {
+        // SAFETY: the keys first..first + 8 lie inside the asserted `keys`, their scores inside
+        // the asserted `scores`; the CPU has AVX2 and F16C.
+        unsafe {
+            match width {
+                32 => score_eight_keys::<T, 4>(queries, head, scale, first, scores),
+                64 => score_eight_keys::<T, 8>(queries, head, scale, first, scores),
+                128 => score_eight_keys::<T, 16>(queries, head, scale, first, scores),
+                _ => break,
+            }
+        }
+        first += KEYS_AT_ONCE;
+    }
+    // The keys past the last eight (or every key, for heads of other widths) one by one; the
+    // closure inherits this function's target features.
+    score_keys_with(queries, head, scale, scores, first, |a, b| dot_avx2(a, b));
 }
 
-/// The scores' loop, with `dot` inlined into each caller's instruction set.
+/// The scores of keys `first..first + 8` for every query head, in heads of `BLOCKS` × 8: the
+/// bits of [`dot_avx2`] for each (its eight lanes summed in the same order, then scaled), but
+/// each key widened once for all heads, and the lanes of eight keys summed by one transpose and
+/// seven vector additions instead of eight scalar additions per key.
+///
+/// # Safety
+/// Keys `first..first + 8` of `head` must be readable, `scores` must hold `heads × count`
+/// numbers, the head's width must be `BLOCKS × 8`, and the CPU must have AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn score_eight_keys<T: KvValue, const BLOCKS: usize>(
+    queries: &[f32],
+    head: KvHead<'_, T>,
+    scale: f32,
+    first: usize,
+    scores: &mut [f32],
+) {
+    use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_set1_ps,
+        _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_unpackhi_ps, _mm256_unpacklo_ps,
+    };
+    let KvHead { keys, count, stride, offset, .. } = head;
+    let mut widened = [[_mm256_setzero_ps(); BLOCKS]; KEYS_AT_ONCE];
+    for (key, widened) in widened.iter_mut().enumerate() {
+        for (block, widened) in widened.iter_mut().enumerate() {
+            // SAFETY: inside key first + key's entries, readable as the caller guarantees.
+            *widened = unsafe { T::load8(keys.as_ptr().add((first + key) * stride + offset + block * 8)) };
+        }
+    }
+    for (h, query) in queries.chunks_exact(BLOCKS * 8).enumerate() {
+        // Lane i of row `key`: the sum of the products at positions i, i + 8, … (dot_avx2's).
+        let mut rows = [_mm256_setzero_ps(); KEYS_AT_ONCE];
+        for block in 0..BLOCKS {
+            // SAFETY: block * 8 + 8 ≤ the query's length.
+            let q = unsafe { _mm256_loadu_ps(query.as_ptr().add(block * 8)) };
+            for (row, widened) in rows.iter_mut().zip(&widened) {
+                *row = _mm256_add_ps(*row, _mm256_mul_ps(q, widened[block]));
+            }
+        }
+        // Transpose: lane `key` of columns[i] is lane i of rows[key].
+        let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+        let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+        let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+        let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+        let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+        let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+        let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+        let columns: [__m256; 8] = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        // dot_avx2 sums its lanes in order from -0.0, the neutral element: lane 0 plus lane 1
+        // first. Its tail is empty (whole blocks), and adding an empty sum changes no bit.
+        let sums = columns[1..].iter().fold(columns[0], |sum, column| _mm256_add_ps(sum, *column));
+        let scaled = _mm256_mul_ps(sums, _mm256_set1_ps(scale));
+        // SAFETY: h * count + first + 8 ≤ heads × count, as the caller guarantees.
+        unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(h * count + first), scaled) };
+    }
+}
+
+/// The scores' loop from key `first` on, with `dot` inlined into each caller's instruction set.
 #[inline(always)]
 fn score_keys_with<T: KvValue>(
     queries: &[f32],
     head: KvHead<'_, T>,
     scale: f32,
     scores: &mut [f32],
+    first: usize,
     dot: impl Fn(&[f32], &[T]) -> f32,
 ) {
-    let KvHead { keys, stride, offset, width, .. } = head;
-    let heads = queries.len() / width;
-    for (j, scores) in scores.chunks_exact_mut(heads).enumerate() {
+    let KvHead { keys, count, stride, offset, width, .. } = head;
+    for j in first..count {
         let key = &keys[j * stride + offset..][..width];
-        for (score, query) in scores.iter_mut().zip(queries.chunks_exact(width)) {
-            *score = dot(query, key) * scale;
+        for (h, query) in queries.chunks_exact(width).enumerate() {
+            scores[h * count + j] = dot(query, key) * scale;
         }
     }
 }
@@ -224,7 +335,7 @@ fn dot_avx2<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `out[h] = Σ_j weights[j][h] · value_j` for every head `h` (`weights`: `count × heads`): each
+/// `out[h] = Σ_j weights[h][j] · value_j` for every head `h` (`weights`: `heads × count`): each
 /// sum adds the keys in order, a product and then a sum per key (not fused), with AVX2 where the
 /// CPU has it and the width is whole blocks of 16.
 fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
@@ -252,13 +363,14 @@ fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, 
 
 /// [`weigh_values`] element by element: the very bits of the vector version.
 fn weigh_values_portable<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
-    let KvHead { values, stride, offset, width, .. } = head;
-    for (h, out) in out.chunks_exact_mut(width).enumerate() {
+    let KvHead { values, count, stride, offset, width, .. } = head;
+    for (h, out) in out.chunks_exact_mut(width).take(heads).enumerate() {
+        let weights = &weights[h * count..][..count];
         for (i, out) in out.iter_mut().enumerate() {
             *out = weights
-                .chunks_exact(heads)
+                .iter()
                 .enumerate()
-                .fold(0.0, |sum, (j, weights)| sum + weights[h] * values[j * stride + offset + i].to_f32());
+                .fold(0.0, |sum, (j, weight)| sum + weight * values[j * stride + offset + i].to_f32());
         }
     }
 }
@@ -294,7 +406,7 @@ fn weigh_values_avx2<T: KvValue, const G: usize>(
                 let value = values.as_ptr().add(j * stride + offset + start);
                 let (low, high) = (T::load8(value), T::load8(value.add(8)));
                 for (g, sums) in sums.iter_mut().enumerate() {
-                    let weight = _mm256_set1_ps(*weights.get_unchecked(j * heads + first + g));
+                    let weight = _mm256_set1_ps(*weights.get_unchecked((first + g) * count + j));
                     sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(weight, low));
                     sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(weight, high));
                 }
@@ -333,6 +445,37 @@ mod tests {
                 let (fast, fast_halves) = unsafe { (dot_avx2(&a, &b), dot_avx2(&a, &halves)) };
                 assert_eq!(fast, dot_portable(&a, &b), "the vector code's bits, length {len}");
                 assert_eq!(fast_halves, dot_portable(&a, &halves), "F16, length {len}");
+            }
+        }
+    }
+
+    /// Keys scored eight at a time give the bits of the one-at-a-time portable loop, for every
+    /// head width the fast path takes and one it does not, with and without keys past the last
+    /// eight, from F32 and F16 keys.
+    #[test]
+    fn keys_scored_eight_at_once_give_the_bits_of_one_at_a_time() {
+        for width in [32, 64, 128, 40] {
+            for count in [0, 1, 7, 8, 9, 16, 23] {
+                let (heads, stride) = (3, 2 * width + 5);
+                let keys: Vec<f32> = (0..count * stride).map(|i| ((i * 7919) % 1009) as f32 / 400.0 - 1.2).collect();
+                let queries: Vec<f32> = (0..heads * width).map(|i| ((i * 31) % 101) as f32 / 50.0 - 1.0).collect();
+                let mut halves = Vec::new();
+                f16::store(&keys, &mut halves);
+                let scored = |head: KvHead<'_, f32>, halves: KvHead<'_, f16>| {
+                    let mut out = [vec![0.0; heads * count], vec![0.0; heads * count]];
+                    score_keys(&queries, head, 0.3, &mut out[0]);
+                    score_keys(&queries, halves, 0.3, &mut out[1]);
+                    out.map(|scores| scores.iter().map(|s| s.to_bits()).collect::<Vec<u32>>())
+                };
+                let plain = |head: KvHead<'_, f32>, halves: KvHead<'_, f16>| {
+                    let mut out = [vec![0.0; heads * count], vec![0.0; heads * count]];
+                    score_keys_with(&queries, head, 0.3, &mut out[0], 0, dot_portable);
+                    score_keys_with(&queries, halves, 0.3, &mut out[1], 0, dot_portable);
+                    out.map(|scores| scores.iter().map(|s| s.to_bits()).collect::<Vec<u32>>())
+                };
+                let head = KvHead { keys: &keys, values: &keys, count, stride, offset: width, width };
+                let half_head = KvHead { keys: &halves, values: &halves, count, stride, offset: width, width };
+                assert_eq!(scored(head, half_head), plain(head, half_head), "width {width}, {count} keys");
             }
         }
     }
