@@ -10,9 +10,11 @@ on a quiet machine.
     python3 benches/step.py --warm runs/warm --sesa target/debug/sesa \\
         --variant every=trainer.update_method=null --variant top8=
 
-A variant is LABEL=OVERRIDES: `--set` values separated by `;` (none: the spec as shipped).
-Prints a row per run (seconds; rows: the update's trained rows, rows/s: per second of the
-update; peak GB: the run's resident peak) and the median per variant.
+A variant is LABEL=OVERRIDES: `--set` values separated by `;` (none: the spec as shipped);
+`--binary LABEL=PATH` runs that variant with another build (two builds of a change that must
+not change what is computed, only how fast). Prints a row per run (seconds; rows: the
+update's trained rows, rows/s: per second of the update; peak GB: the run's resident peak),
+the median per variant, and whether the variants of each round sampled the same tokens.
 """
 
 import argparse
@@ -75,6 +77,16 @@ def parts(run):
     return row
 
 
+def sampled(run):
+    """A digest of every token the step sampled (proposals and rollouts, in order)."""
+    digests = []
+    for table in ("proposals", "rollouts"):
+        digests.append(duckdb.sql(
+            f"select md5(string_agg(cast(token_ids as varchar), ';' order by item, {'rollout' if table == 'rollouts' else 'item'})) "
+            f"from read_parquet('{run}/tables/{table}/step=1/*.parquet', union_by_name = true)").fetchall()[0][0])
+    return tuple(digests)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warm", required=True, help="a warm-start export (Hugging Face directory)")
@@ -83,6 +95,7 @@ def main():
     parser.add_argument("--variant", action="append", required=True, help="LABEL=OVERRIDES")
     parser.add_argument("--set", action="append", default=[], dest="extra",
                         help="an override every variant gets")
+    parser.add_argument("--binary", action="append", default=[], help="LABEL=PATH: this variant's sesa")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--store", help="where the runs go (default: a temporary directory)")
     args = parser.parse_args()
@@ -90,23 +103,36 @@ def main():
     for variant in args.variant:
         label, _, overrides = variant.partition("=")
         variants.append((label, [o.strip() for o in overrides.split(";") if o.strip()]))
+    binaries = dict(b.partition("=")[::2] for b in args.binary)
+    unknown = set(binaries) - {label for label, _ in variants}
+    if unknown:
+        sys.exit(f"--binary names no variant: {', '.join(sorted(unknown))}")
     root = args.store or tempfile.mkdtemp(prefix="sesa-step-")
     columns = ["step"] + [label for label, _, _ in PARTS] + ["rows", "rows/s", "peak GB"]
     print(f"{'variant':<12} {'round':>5} " + " ".join(f"{c:>10}" for c in columns), flush=True)
     results = {label: [] for label, _ in variants}
+    differing = []
     for round_ in range(1, args.rounds + 1):
+        tokens = {}
         for label, overrides in variants:
             store = os.path.join(root, f"{label}-{round_}")
             os.makedirs(store)
-            run, peak = run_step(args.sesa, args.spec, args.warm, overrides, store, args.extra)
+            run, peak = run_step(binaries.get(label, args.sesa), args.spec, args.warm, overrides, store, args.extra)
+            tokens[label] = sampled(run)
             row = parts(run)
             row["peak GB"] = peak
             results[label].append(row)
             print(f"{label:<12} {round_:>5} " + " ".join(f"{row[c]:>10.1f}" for c in columns), flush=True)
+        if len(set(tokens.values())) > 1:
+            differing.append(round_)
     print("medians:")
     for label, rows in results.items():
         medians = {c: statistics.median(r[c] for r in rows) for c in columns}
         print(f"{label:<12} {'':>5} " + " ".join(f"{medians[c]:>10.1f}" for c in columns))
+    if differing:
+        print(f"the variants sampled different tokens in round(s) {differing}")
+    else:
+        print("every variant sampled the same tokens in each round")
     print(f"runs under {root}")
 
 

@@ -96,6 +96,10 @@ struct Inner {
     /// a JSON Schema are refused with that reason). Built on the first such request: most
     /// policies never need it.
     grammars: OnceLock<Result<ParserFactory, String>>,
+    /// Tokens fed through the model, prompts and decoding alike: what tests of shared work
+    /// count.
+    #[cfg(test)]
+    rows_fed: std::sync::atomic::AtomicUsize,
 }
 
 /// The batched candle backend behind the [`Policy`] trait.
@@ -133,6 +137,8 @@ impl CandlePolicy {
             stops,
             chat,
             grammars: OnceLock::new(),
+            #[cfg(test)]
+            rows_fed: Default::default(),
         });
         let (submit, submissions) = channel();
         let (scheduled, sessions) = (inner.clone(), Sessions::new(config.cache_tokens));
@@ -325,7 +331,8 @@ impl Policy for CandlePolicy {
         &'a self,
         requests: &'a [GenerationRequest],
     ) -> BoxFuture<'a, Result<Vec<Generation>, PolicyError>> {
-        // One message for the whole call, so its requests start in one step (and twins share it).
+        // One message for the whole call, so its requests start in one step (and those of one
+        // context follow one leader).
         let (submitted, replies): (Vec<Submitted>, Vec<_>) = requests
             .iter()
             .map(|request| {

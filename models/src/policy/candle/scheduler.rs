@@ -136,15 +136,26 @@ struct Sequence {
     constraint: Option<Matcher>,
     /// Why this request failed (its own problem: the others go on).
     failure: Option<String>,
-    /// An earlier sequence of this step with the same context and cache (the rollouts of one
-    /// question): this one copies its cache and logits after the step instead of being fed.
-    twin_of: Option<usize>,
+    /// Unique among the running sequences.
+    id: u64,
+    /// The running sequence whose tokens this one's have been so far (the rollouts of one
+    /// question, until they sample apart): this one is not fed, it samples from the leader's
+    /// logits, and takes a copy of the leader's cache only when they part. A peaked policy
+    /// samples a group's rollouts alike for long stretches, and each shared token is then
+    /// computed once. By row-locality the logits are the ones it would have computed itself.
+    follows: Option<u64>,
 }
 
 impl Sequence {
-    /// The tokens its cache holds: the context and every pick but the last (not fed yet).
+    /// The tokens its cache holds: the context and every pick but the last (not fed yet);
+    /// none while it follows another (its cache is the leader's).
     fn fed(&self) -> impl Iterator<Item = u32> + '_ {
         self.context.iter().copied().chain(self.picks.iter().map(|(id, _)| *id)).take(self.cache.len())
+    }
+
+    /// The last token sampled.
+    fn last_pick(&self) -> Option<u32> {
+        self.picks.last().map(|(id, _)| *id)
     }
 
     /// Whether it has been through no step yet.
@@ -189,6 +200,7 @@ pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Me
         }
         arrived.extend(submissions.try_iter());
         // A caller that stopped waiting (its episode was dropped) frees its slot.
+        part(&mut running, |leader, follower| leader.reply.is_closed() && !follower.reply.is_closed());
         running.retain(|sequence| !sequence.reply.is_closed());
         for message in arrived {
             match message {
@@ -287,6 +299,38 @@ fn block_inputs(
     Ok(inputs.into_iter().map(Option::unwrap_or_default).collect())
 }
 
+/// Where the running sequence `id` is.
+fn position(running: &[Sequence], id: u64) -> usize {
+    running.iter().position(|s| s.id == id).expect("a follower's leader is running")
+}
+
+/// Each follower for which `apart(leader, follower)` holds leaves its leader: the first of them
+/// to have sampled a given token takes a copy of the leader's cache (the tokens both have been
+/// fed) and goes on alone, and leads those of the same leader that sampled the same token.
+fn part(running: &mut [Sequence], apart: impl Fn(&Sequence, &Sequence) -> bool) {
+    // (former leader, last token sampled, new leader) of this call's partings.
+    let mut parted: Vec<(u64, Option<u32>, u64)> = Vec::new();
+    for i in 0..running.len() {
+        let Some(leader) = running[i].follows else { continue };
+        let at = position(running, leader);
+        if !apart(&running[at], &running[i]) {
+            continue;
+        }
+        let sampled = running[i].last_pick();
+        if let Some(&(_, _, new)) = parted.iter().find(|p| p.0 == leader && p.1 == sampled) {
+            running[i].follows = Some(new);
+            continue;
+        }
+        let cache = running[at].cache.clone();
+        let follower = &mut running[i];
+        let tokens = follower.context.iter().copied().chain(follower.picks.iter().map(|(id, _)| *id));
+        follower.pending = tokens.skip(cache.len()).collect();
+        follower.cache = cache;
+        follower.follows = None;
+        parted.push((leader, sampled, follower.id));
+    }
+}
+
 /// `work`'s result, or a bug that panicked in it as an error: the scheduler lives on.
 fn surviving_panics<T>(work: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
@@ -311,8 +355,9 @@ fn gather(submissions: &Receiver<Message>, arrived: &mut Vec<Message>, enough: u
 }
 
 impl Inner {
-    /// Starts a request: its context, the longest cached prefix of it (a finished sequence's
-    /// or a running one's), or a twin of this step to copy. Bad requests are answered at once.
+    /// Starts a request: its context, and the longest cached prefix of it (a finished
+    /// sequence's or a running one's), or a leader of this step with the same context to follow.
+    /// Bad requests are answered at once.
     fn admit(&self, model: &LlamaModel, submitted: Submitted, running: &mut Vec<Sequence>, sessions: &mut Sessions) {
         let Submitted { request, reply } = submitted;
         let context = match self.context(&request) {
@@ -334,21 +379,24 @@ impl Inner {
             let _ = reply.send(self.finish(context, Vec::new(), KvCache::default(), None, sessions));
             return;
         }
-        let mut cache = sessions.lookup(&context);
-        // A running sequence can share more: a twin that arrived a step after the others.
-        if let Some((shared, sequence)) =
-            running.iter().map(|s| (shared_prefix(s.fed(), &context), s)).max_by_key(|(shared, _)| *shared)
-        {
-            let usable = shared.min(context.len() - 1);
-            if usable > cache.len() {
-                cache = sequence.cache.prefix(usable);
+        // Another rollout of the same context, admitted in this step, leads; this one follows.
+        let follows = running.iter().find(|s| s.fresh() && s.follows.is_none() && s.context == context).map(|s| s.id);
+        let mut cache = KvCache::default();
+        if follows.is_none() {
+            cache = sessions.lookup(&context);
+            // A running sequence can share more: one of the same prompt a step ahead.
+            if let Some((shared, sequence)) =
+                running.iter().map(|s| (shared_prefix(s.fed(), &context), s)).max_by_key(|(shared, _)| *shared)
+            {
+                let usable = shared.min(context.len() - 1);
+                if usable > cache.len() {
+                    cache = sequence.cache.prefix(usable);
+                }
             }
         }
-        let twin_of = running
-            .iter()
-            .position(|s| s.fresh() && s.twin_of.is_none() && s.cache.len() == cache.len() && s.context == context);
         running.push(Sequence {
-            pending: context[cache.len()..].to_vec(),
+            id: running.iter().map(|s| s.id + 1).max().unwrap_or(0),
+            pending: if follows.is_some() { Vec::new() } else { context[cache.len()..].to_vec() },
             rng: ChaCha8Rng::seed_from_u64(request.seed),
             request,
             reply,
@@ -359,7 +407,7 @@ impl Inner {
             finish: None,
             constraint,
             failure: None,
-            twin_of,
+            follows,
         });
     }
 
@@ -397,19 +445,23 @@ impl Inner {
     fn step(&self, model: &LlamaModel, running: &mut [Sequence]) -> Result<(), String> {
         let mut chunks: Vec<Chunk<'_>> = running
             .iter_mut()
-            .filter(|s| s.twin_of.is_none())
+            .filter(|s| s.follows.is_none())
             .map(|s| Chunk { cache: &mut s.cache, tokens: &s.pending })
             .collect();
+        #[cfg(test)]
+        self.rows_fed.fetch_add(chunks.iter().map(|c| c.tokens.len()).sum(), std::sync::atomic::Ordering::Relaxed);
         let mut logits = model.forward(&mut chunks).map_err(|e| e.to_string())?.into_iter();
         drop(chunks);
-        let mut next: Vec<Vec<f32>> = Vec::with_capacity(running.len());
-        for i in 0..running.len() {
-            match running[i].twin_of.take() {
-                Some(source) => {
-                    running[i].cache = running[source].cache.clone();
-                    next.push(next[source].clone());
-                }
-                None => next.push(logits.next().expect("one row of logits per fed sequence")),
+        let mut next: Vec<Vec<f32>> = running
+            .iter()
+            .map(|s| match s.follows {
+                Some(_) => Vec::new(),
+                None => logits.next().expect("one row of logits per fed sequence"),
+            })
+            .collect();
+        for (i, sequence) in running.iter().enumerate() {
+            if let Some(leader) = sequence.follows {
+                next[i] = next[position(running, leader)].clone();
             }
         }
         // Through the forward pass's fork-join, whose helpers are still spinning from it.
@@ -419,6 +471,10 @@ impl Inner {
             if let Err(message) = self.pick(sequence, std::mem::take(logits)) {
                 sequence.failure = Some(message);
             }
+        });
+        let done = |s: &Sequence| s.finish.is_some() || s.failure.is_some();
+        part(running, |leader, follower| {
+            !done(follower) && (done(leader) || leader.last_pick() != follower.last_pick())
         });
         Ok(())
     }

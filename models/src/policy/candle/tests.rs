@@ -206,6 +206,51 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     assert_eq!(twins[0], batch[0]);
 }
 
+/// Rollouts of one context follow one leader while they sample alike: what they share is fed
+/// once, and each gives exactly what it gives alone, whether it parts from its leader on the
+/// way, outlives it, or loses it to a caller that stopped waiting.
+#[tokio::test]
+async fn rollouts_of_one_context_feed_what_they_share_once() {
+    let sampled = |seed, max_tokens| GenerationRequest { max_tokens, ..request(PROMPT, seed, &[]) };
+    // The leader stops first (its limit); a rollout of the same seed goes on alone; another
+    // seed samples the same first tokens, then parts.
+    let requests = [sampled(11, 8), sampled(11, 40), sampled(SAME_START_AS_11, 40)];
+    let alone = smollm2_candle();
+    let mut expected = Vec::new();
+    for request in &requests {
+        expected.push(alone.generate(std::slice::from_ref(request)).await.unwrap().remove(0));
+    }
+    let policy = smollm2_candle();
+    assert_eq!(policy.generate(&requests).await.unwrap(), expected);
+
+    // Fed: the context and every token sampled but the last. Each token of a shared prefix
+    // counts once.
+    let context = policy.inner.tokenize(PROMPT).unwrap();
+    let fed: Vec<Vec<u32>> = expected
+        .iter()
+        .map(|g| {
+            let ids = g.token_ids.as_ref().unwrap();
+            context.iter().chain(&ids[..ids.len() - 1]).copied().collect()
+        })
+        .collect();
+    let parted_at = fed[1].iter().zip(&fed[2]).take_while(|(a, b)| a == b).count();
+    assert!(parted_at > context.len() + 1 && parted_at < fed[2].len(), "seed {SAME_START_AS_11} parts on the way");
+    let prefixes: std::collections::HashSet<&[u32]> =
+        fed.iter().flat_map(|tokens| (1..=tokens.len()).map(move |n| &tokens[..n])).collect();
+    let separately: usize = fed.iter().map(Vec::len).sum();
+    assert!(prefixes.len() < separately - 2 * context.len());
+    assert_eq!(policy.inner.rows_fed.load(std::sync::atomic::Ordering::Relaxed), prefixes.len());
+
+    let policy = smollm2_candle();
+    let leader = tokio::time::timeout(std::time::Duration::from_millis(60), policy.generate(&requests[1..2]));
+    let (stopped, follower) = tokio::join!(leader, policy.generate(&requests[1..2]));
+    assert!(stopped.is_err(), "the leader's caller stopped waiting");
+    assert_eq!(follower.unwrap()[0], expected[1]);
+}
+
+/// A seed whose rollout of [`PROMPT`] samples its first tokens as seed 11's does.
+const SAME_START_AS_11: u64 = 12;
+
 /// Continuous batching: calls in flight together, joining at different steps, give exactly
 /// what each gives alone.
 #[tokio::test]
