@@ -345,13 +345,19 @@ fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, 
         while first < heads {
             let group = (heads - first).min(4);
             let out = &mut out[first * head.width..(first + group) * head.width];
+            // Up to three heads take 32 columns a pass (their sums and a key's values fill the
+            // sixteen vector registers), four heads 16.
+            let wide = head.width.is_multiple_of(32);
             // SAFETY: the CPU has AVX2 and F16C.
             unsafe {
-                match group {
-                    4 => weigh_values_avx2::<T, 4>(weights, heads, first, head, out),
-                    3 => weigh_values_avx2::<T, 3>(weights, heads, first, head, out),
-                    2 => weigh_values_avx2::<T, 2>(weights, heads, first, head, out),
-                    _ => weigh_values_avx2::<T, 1>(weights, heads, first, head, out),
+                match (group, wide) {
+                    (4, _) => weigh_values_avx2::<T, 4, 2>(weights, heads, first, head, out),
+                    (3, true) => weigh_values_avx2::<T, 3, 4>(weights, heads, first, head, out),
+                    (3, false) => weigh_values_avx2::<T, 3, 2>(weights, heads, first, head, out),
+                    (2, true) => weigh_values_avx2::<T, 2, 4>(weights, heads, first, head, out),
+                    (2, false) => weigh_values_avx2::<T, 2, 2>(weights, heads, first, head, out),
+                    (_, true) => weigh_values_avx2::<T, 1, 4>(weights, heads, first, head, out),
+                    (_, false) => weigh_values_avx2::<T, 1, 2>(weights, heads, first, head, out),
                 }
             }
             first += group;
@@ -375,11 +381,11 @@ fn weigh_values_portable<T: KvValue>(weights: &[f32], heads: usize, head: KvHead
     }
 }
 
-/// [`weigh_values`] for the `G ≤ 4` heads from `first`, 16 output columns at a time: the
-/// `2G` sums in registers over all keys, each key's value block loaded once for the group.
+/// [`weigh_values`] for the `G ≤ 4` heads from `first`, `8 × V` output columns at a time: the
+/// `G × V` sums in registers over all keys, each key's value block loaded once for the group.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-fn weigh_values_avx2<T: KvValue, const G: usize>(
+fn weigh_values_avx2<T: KvValue, const G: usize, const V: usize>(
     weights: &[f32],
     heads: usize,
     first: usize,
@@ -394,30 +400,30 @@ fn weigh_values_avx2<T: KvValue, const G: usize>(
         first + G <= heads
             && weights.len() >= count * heads
             && out.len() >= G * width
+            && width.is_multiple_of(8 * V)
             && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
         "weigh_values: {G} heads from {first} of {heads}, {count} keys"
     );
-    for start in (0..width).step_by(16) {
-        let mut sums: [[__m256; 2]; G] = [[_mm256_setzero_ps(); 2]; G];
+    for start in (0..width).step_by(8 * V) {
+        let mut sums: [[__m256; V]; G] = [[_mm256_setzero_ps(); V]; G];
         for j in 0..count {
-            // SAFETY: j < count, start + 16 ≤ width and g < G keep every read inside the
+            // SAFETY: j < count, start + 8V ≤ width and g < G keep every read inside the
             // asserted lengths; the CPU has AVX2 and F16C.
             unsafe {
                 let value = values.as_ptr().add(j * stride + offset + start);
-                let (low, high) = (T::load8(value), T::load8(value.add(8)));
+                let block: [__m256; V] = std::array::from_fn(|v| T::load8(value.add(8 * v)));
                 for (g, sums) in sums.iter_mut().enumerate() {
                     let weight = _mm256_set1_ps(*weights.get_unchecked((first + g) * count + j));
-                    sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(weight, low));
-                    sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(weight, high));
+                    for (sum, value) in sums.iter_mut().zip(&block) {
+                        *sum = _mm256_add_ps(*sum, _mm256_mul_ps(weight, *value));
+                    }
                 }
             }
         }
         for (g, sums) in sums.iter().enumerate() {
-            // SAFETY: g < G and start + 16 ≤ width: inside the asserted `out`.
-            unsafe {
-                let out = out.as_mut_ptr().add(g * width + start);
-                _mm256_storeu_ps(out, sums[0]);
-                _mm256_storeu_ps(out.add(8), sums[1]);
+            for (v, sum) in sums.iter().enumerate() {
+                // SAFETY: g < G and start + 8V ≤ width: inside the asserted `out`.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(g * width + start + 8 * v), *sum) };
             }
         }
     }
@@ -515,23 +521,27 @@ mod tests {
 
     #[test]
     fn the_vector_value_sums_give_the_bits_of_the_portable_ones() {
-        let (count, heads, width, stride) = (9, 3, 32, 70);
-        let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
-        let weights: Vec<f32> = (0..count * heads).map(|i| ((i * 7919) % 101) as f32 / 101.0).collect();
-        let head = KvHead { keys: &values, values: &values, count, stride, offset: 5, width };
-        let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
-        weigh_values(&weights, heads, head, &mut fast);
-        weigh_values_portable(&weights, heads, head, &mut plain);
-        assert_eq!(fast, plain);
-        assert!(plain.iter().all(|v| *v != 0.0));
+        // Every group size and pass width: four heads 16 columns a pass, fewer 32, or 16 where
+        // the width is not a multiple of 32; five heads: a group of four, then one.
+        for (heads, width) in [(3, 32), (3, 48), (4, 64), (2, 64), (1, 16), (5, 32)] {
+            let (count, stride) = (9, 2 * width + 6);
+            let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
+            let weights: Vec<f32> = (0..count * heads).map(|i| ((i * 7919) % 101) as f32 / 101.0).collect();
+            let head = KvHead { keys: &values, values: &values, count, stride, offset: 5, width };
+            let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
+            weigh_values(&weights, heads, head, &mut fast);
+            weigh_values_portable(&weights, heads, head, &mut plain);
+            assert_eq!(fast, plain, "{heads} heads of width {width}");
+            assert!(plain.iter().all(|v| *v != 0.0));
 
-        let mut halves = Vec::new();
-        f16::store(&values, &mut halves);
-        let head = KvHead { keys: &halves, values: &halves, count, stride, offset: 5, width };
-        let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
-        weigh_values(&weights, heads, head, &mut fast);
-        weigh_values_portable(&weights, heads, head, &mut plain);
-        assert_eq!(fast, plain, "F16 values");
+            let mut halves = Vec::new();
+            f16::store(&values, &mut halves);
+            let head = KvHead { keys: &halves, values: &halves, count, stride, offset: 5, width };
+            let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
+            weigh_values(&weights, heads, head, &mut fast);
+            weigh_values_portable(&weights, heads, head, &mut plain);
+            assert_eq!(fast, plain, "F16 values, {heads} heads of width {width}");
+        }
     }
 
     /// An F16 cache's only difference is the rounding when stored: attention over it gives the
