@@ -144,18 +144,30 @@ struct Sequence {
     /// samples a group's rollouts alike for long stretches, and each shared token is then
     /// computed once. By row-locality the logits are the ones it would have computed itself.
     follows: Option<u64>,
+    /// Its caller stopped waiting (as seen at the top of this round of the loop).
+    abandoned: bool,
 }
 
 impl Sequence {
+    /// Its context and every token sampled so far.
+    fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        self.context.iter().copied().chain(self.picks.iter().map(|(id, _)| *id))
+    }
+
     /// The tokens its cache holds: the context and every pick but the last (not fed yet);
     /// none while it follows another (its cache is the leader's).
     fn fed(&self) -> impl Iterator<Item = u32> + '_ {
-        self.context.iter().copied().chain(self.picks.iter().map(|(id, _)| *id)).take(self.cache.len())
+        self.tokens().take(self.cache.len())
     }
 
-    /// The last token sampled.
+    /// The last token sampled: followers that sampled another than their leader's part.
     fn last_pick(&self) -> Option<u32> {
         self.picks.last().map(|(id, _)| *id)
+    }
+
+    /// Whether it has finished or failed (it leaves after this step).
+    fn done(&self) -> bool {
+        self.finish.is_some() || self.failure.is_some()
     }
 
     /// Whether it has been through no step yet.
@@ -200,8 +212,13 @@ pub(super) fn run(inner: &Inner, mut model: LlamaModel, submissions: Receiver<Me
         }
         arrived.extend(submissions.try_iter());
         // A caller that stopped waiting (its episode was dropped) frees its slot.
-        part(&mut running, |leader, follower| leader.reply.is_closed() && !follower.reply.is_closed());
-        running.retain(|sequence| !sequence.reply.is_closed());
+        // A caller may stop waiting at any moment: one look per sequence decides both who
+        // parts from a leaving leader and who leaves, so no follower is left without one.
+        for sequence in running.iter_mut() {
+            sequence.abandoned = sequence.reply.is_closed();
+        }
+        part(&mut running, |leader, follower| leader.abandoned && !follower.abandoned);
+        running.retain(|sequence| !sequence.abandoned);
         for message in arrived {
             match message {
                 Message::Requests(batch) => {
@@ -254,9 +271,8 @@ impl Inner {
             }
             return 0;
         }
-        let (done, rest): (Vec<Sequence>, Vec<Sequence>) = std::mem::take(running)
-            .into_iter()
-            .partition(|sequence| sequence.finish.is_some() || sequence.failure.is_some());
+        let (done, rest): (Vec<Sequence>, Vec<Sequence>) =
+            std::mem::take(running).into_iter().partition(Sequence::done);
         *running = rest;
         let answered = done.iter().filter(|sequence| sequence.finish == Some(FinishReason::Stop)).count();
         for sequence in done {
@@ -299,7 +315,7 @@ fn block_inputs(
     Ok(inputs.into_iter().map(Option::unwrap_or_default).collect())
 }
 
-/// Where the running sequence `id` is.
+/// Where the running sequence `id` is (ids, unlike indices, survive sequences leaving).
 fn position(running: &[Sequence], id: u64) -> usize {
     running.iter().position(|s| s.id == id).expect("a follower's leader is running")
 }
@@ -323,8 +339,7 @@ fn part(running: &mut [Sequence], apart: impl Fn(&Sequence, &Sequence) -> bool) 
         }
         let cache = running[at].cache.clone();
         let follower = &mut running[i];
-        let tokens = follower.context.iter().copied().chain(follower.picks.iter().map(|(id, _)| *id));
-        follower.pending = tokens.skip(cache.len()).collect();
+        follower.pending = follower.tokens().skip(cache.len()).collect();
         follower.cache = cache;
         follower.follows = None;
         parted.push((leader, sampled, follower.id));
@@ -408,6 +423,7 @@ impl Inner {
             constraint,
             failure: None,
             follows,
+            abandoned: false,
         });
     }
 
@@ -472,9 +488,8 @@ impl Inner {
                 sequence.failure = Some(message);
             }
         });
-        let done = |s: &Sequence| s.finish.is_some() || s.failure.is_some();
         part(running, |leader, follower| {
-            !done(follower) && (done(leader) || leader.last_pick() != follower.last_pick())
+            !follower.done() && (leader.done() || leader.last_pick() != follower.last_pick())
         });
         Ok(())
     }

@@ -176,7 +176,7 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     let policy = smollm2_candle();
     let single = policy.generate(&[request(PROMPT, 11, &[])]).await.unwrap().remove(0);
     // Now the prompt is cached and the request shares the batch with others (the two prompt
-    // requests are twins: the second copies the first's cache and first logits).
+    // requests start together: the second follows the first until they sample apart).
     let batch = policy
         .generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[]), request("Hello", 13, &[])])
         .await
@@ -199,11 +199,12 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
     let fresh = smollm2_candle();
     assert_eq!(fresh.generate(&[request(&follow, 5, &[])]).await.unwrap().remove(0), cached);
 
-    // Twins on an empty cache: the prompt is read once, and each still samples its own way.
+    // Two of one prompt on an empty cache: the prompt is read once, and each still samples its
+    // own way.
     let fresh = smollm2_candle();
-    let twins = fresh.generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[])]).await.unwrap();
-    assert_eq!(twins[1], single);
-    assert_eq!(twins[0], batch[0]);
+    let pair = fresh.generate(&[request(PROMPT, 12, &[]), request(PROMPT, 11, &[])]).await.unwrap();
+    assert_eq!(pair[1], single);
+    assert_eq!(pair[0], batch[0]);
 }
 
 /// Rollouts of one context follow one leader while they sample alike: what they share is fed
@@ -212,9 +213,9 @@ async fn a_seed_reproduces_its_trajectory_whatever_was_cached_or_batched() {
 #[tokio::test]
 async fn rollouts_of_one_context_feed_what_they_share_once() {
     let sampled = |seed, max_tokens| GenerationRequest { max_tokens, ..request(PROMPT, seed, &[]) };
-    // The leader stops first (its limit); a rollout of the same seed goes on alone; another
-    // seed samples the same first tokens, then parts.
-    let requests = [sampled(11, 8), sampled(11, 40), sampled(SAME_START_AS_11, 40)];
+    // The leader stops first (its limit of one token); a rollout of the same seed goes on, and
+    // another seed samples the same first tokens, then parts.
+    let requests = [sampled(11, 1), sampled(11, 40), sampled(SAME_START_AS_11, 40)];
     let alone = smollm2_candle();
     let mut expected = Vec::new();
     for request in &requests {
@@ -234,6 +235,8 @@ async fn rollouts_of_one_context_feed_what_they_share_once() {
         })
         .collect();
     let parted_at = fed[1].iter().zip(&fed[2]).take_while(|(a, b)| a == b).count();
+    // Past the leader's one token: the second and third part from it together, and the third
+    // then follows the second until it samples apart.
     assert!(parted_at > context.len() + 1 && parted_at < fed[2].len(), "seed {SAME_START_AS_11} parts on the way");
     let prefixes: std::collections::HashSet<&[u32]> =
         fed.iter().flat_map(|tokens| (1..=tokens.len()).map(move |n| &tokens[..n])).collect();
@@ -246,6 +249,8 @@ async fn rollouts_of_one_context_feed_what_they_share_once() {
     let (stopped, follower) = tokio::join!(leader, policy.generate(&requests[1..2]));
     assert!(stopped.is_err(), "the leader's caller stopped waiting");
     assert_eq!(follower.unwrap()[0], expected[1]);
+    // What the two shared was fed once, by the leader while it ran, then by the follower.
+    assert_eq!(policy.inner.rows_fed.load(std::sync::atomic::Ordering::Relaxed), fed[1].len());
 }
 
 /// A seed whose rollout of [`PROMPT`] samples its first tokens as seed 11's does.
