@@ -318,10 +318,39 @@ impl AgentRun<'_> {
 
     /// [`Self::run`], with where the wall time went.
     pub async fn run_timed(&self, episodes: &[Episode]) -> Result<(Vec<Trajectory>, BusyTime), AgentError> {
+        self.run_at_most(episodes, episodes.len(), || ()).await
+    }
+
+    /// [`Self::run_timed`] with at most `in_flight` episodes running at once: the next starts
+    /// as soon as any ends, so the policy's batch stays full until the last episodes (batches
+    /// run one after another would each wait for their slowest, decoding a few rows a step).
+    /// `done` is called once per episode, as each ends; results are in episode order.
+    pub async fn run_at_most(
+        &self,
+        episodes: &[Episode],
+        in_flight: usize,
+        mut done: impl FnMut(),
+    ) -> Result<(Vec<Trajectory>, BusyTime), AgentError> {
+        use futures::{StreamExt, TryStreamExt};
         let clock = BusyClock::new();
-        let trajectories =
-            futures::future::try_join_all(episodes.iter().map(|episode| self.run_one(episode, &clock))).await?;
-        Ok((trajectories, clock.totals()))
+        // The futures are made up front (an episode starts when first polled): a closure that
+        // makes them inside the stream would be too general a type for a `Send` future.
+        let started: Vec<_> = episodes
+            .iter()
+            .enumerate()
+            .map(|(i, episode)| {
+                let clock = &clock;
+                async move { Ok::<_, AgentError>((i, self.run_one(episode, clock).await?)) }
+            })
+            .collect();
+        // Unordered: an ended episode frees its place even while an earlier one still runs.
+        let mut running = futures::stream::iter(started).buffer_unordered(in_flight.max(1));
+        let mut trajectories: Vec<Option<Trajectory>> = episodes.iter().map(|_| None).collect();
+        while let Some((i, trajectory)) = running.try_next().await? {
+            trajectories[i] = Some(trajectory);
+            done();
+        }
+        Ok((trajectories.into_iter().map(|t| t.expect("every episode ran")).collect(), clock.totals()))
     }
 
     /// One episode, turn by turn.

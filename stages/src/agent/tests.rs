@@ -416,6 +416,47 @@ fn trajectories_do_not_depend_on_batching() {
     assert_ne!(batch[0].response, batch[1].response);
 }
 
+/// With a bound on the episodes in flight, the next starts as soon as any ends: a long episode
+/// does not hold back those after the short ones beside it (batches run one after another
+/// would). Results come in episode order, each counted once.
+#[tokio::test]
+async fn a_bounded_run_starts_the_next_episode_when_any_ends() {
+    let (_dir, index) = index();
+    let pause = std::time::Duration::from_millis(150);
+    // The first episode searches three times before it answers (four turns), the others once
+    // (two).
+    let uneven = |context: &str, seed: u64| {
+        let read = context.matches("<information>").count();
+        if read < if context.contains("three times") { 3 } else { 1 } {
+            "<search> capital of Veltria </search>".to_string()
+        } else {
+            searcher_then_answerer(context, seed)
+        }
+    };
+    let policy = ScriptedVariant { script: ScriptedPolicy::new(uneven), pause, tokens: Tokens::Bytes };
+    let agent = AgentRun {
+        role: Role::Solver,
+        policy: &policy,
+        search: &index,
+        top_k: 2,
+        limits: AgentLimits::default(),
+        sampling: Sampling::GREEDY,
+    };
+    let clock = Instant::now();
+    let mut done = 0;
+    let thorough = ChatMessage::new("user", "What is the capital of Veltria? Search three times.");
+    let long = Episode::new(sesa_models::policy::ChatTemplate::Chatml.render(&[thorough]), 1);
+    let (trajectories, _) = agent.run_at_most(&[long, episode(2), episode(3)], 2, || done += 1).await.unwrap();
+    let wall = clock.elapsed();
+    assert_eq!(done, 3);
+    let turns: Vec<usize> = trajectories.iter().map(|t| t.turns.len()).collect();
+    assert_eq!(turns, [4, 2, 2], "in episode order");
+    // The third runs beside the first's last two turns: four turns in all, not six (in batches
+    // of two) nor two (all at once).
+    assert!(wall >= 4 * pause, "more than two episodes ran at once: {wall:?}");
+    assert!(wall < 6 * pause, "the third episode waited for the first: {wall:?}");
+}
+
 /// Episodes wait on the policy at the same time, and that time counts once.
 #[tokio::test]
 async fn episodes_run_concurrently_and_overlapping_calls_count_once() {

@@ -370,15 +370,12 @@ impl Stage for Evaluate {
                 sampling: Sampling::GREEDY,
             };
             let mut progress = cx.progress(episodes.len() as u64);
-            let mut trajectories = Vec::with_capacity(episodes.len());
-            for chunk in episodes.chunks(self.config.concurrency) {
-                let (chunk_trajectories, busy) =
-                    agent.run_timed(chunk).await.map_err(|e| failed(&format!("benchmark `{name}`"), e))?;
-                trajectories.extend(chunk_trajectories);
-                generation += busy.generation;
-                search_time += busy.search;
-                progress.inc(chunk.len() as u64);
-            }
+            let (trajectories, busy) = agent
+                .run_at_most(&episodes, self.config.concurrency, || progress.inc(1))
+                .await
+                .map_err(|e| failed(&format!("benchmark `{name}`"), e))?;
+            generation += busy.generation;
+            search_time += busy.search;
             let start = rows.len();
             for ((question, trajectory), shown) in questions.iter().zip(trajectories).zip(&retrieval.skills) {
                 let prediction = trajectory.outcome.final_text().map(str::to_string);
