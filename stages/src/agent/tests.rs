@@ -42,8 +42,20 @@ fn run(script: fn(&str, u64) -> String, limits: AgentLimits, episodes: &[Episode
 
 fn run_policy(policy: &dyn Policy, limits: AgentLimits, episodes: &[Episode]) -> Vec<Trajectory> {
     let (_dir, index) = index();
-    let agent = AgentRun { role: Role::Solver, policy, search: &index, top_k: 2, limits, sampling: Sampling::GREEDY };
+    let agent = AgentRun { limits, ..solver(policy, &index) };
     tokio::runtime::Runtime::new().unwrap().block_on(agent.run(episodes)).unwrap()
+}
+
+/// A greedy solver with two passages a search and the default limits.
+fn solver<'a>(policy: &'a dyn Policy, search: &'a dyn Search) -> AgentRun<'a> {
+    AgentRun {
+        role: Role::Solver,
+        policy,
+        search,
+        top_k: 2,
+        limits: AgentLimits::default(),
+        sampling: Sampling::GREEDY,
+    }
 }
 
 fn episode(seed: u64) -> Episode {
@@ -434,14 +446,7 @@ async fn a_bounded_run_starts_the_next_episode_when_any_ends() {
         }
     };
     let policy = ScriptedVariant { script: ScriptedPolicy::new(uneven), pause, tokens: Tokens::Bytes };
-    let agent = AgentRun {
-        role: Role::Solver,
-        policy: &policy,
-        search: &index,
-        top_k: 2,
-        limits: AgentLimits::default(),
-        sampling: Sampling::GREEDY,
-    };
+    let agent = solver(&policy, &index);
     let clock = Instant::now();
     let mut done = 0;
     let thorough = ChatMessage::new("user", "What is the capital of Veltria? Search three times.");
@@ -463,14 +468,7 @@ async fn episodes_run_concurrently_and_overlapping_calls_count_once() {
     let (_dir, index) = index();
     let pause = std::time::Duration::from_millis(150);
     let policy = ScriptedVariant { script: ScriptedPolicy::new(searcher_then_answerer), pause, tokens: Tokens::Bytes };
-    let agent = AgentRun {
-        role: Role::Solver,
-        policy: &policy,
-        search: &index,
-        top_k: 2,
-        limits: AgentLimits::default(),
-        sampling: Sampling::GREEDY,
-    };
+    let agent = solver(&policy, &index);
     let clock = Instant::now();
     let (trajectories, busy) = agent.run_timed(&[episode(1), episode(2), episode(3), episode(4)]).await.unwrap();
     let wall = clock.elapsed();
