@@ -345,12 +345,13 @@ impl AgentRun<'_> {
             .collect();
         // Unordered: an ended episode frees its place even while an earlier one still runs.
         let mut running = futures::stream::iter(started).buffer_unordered(in_flight.max(1));
-        let mut trajectories: Vec<Option<Trajectory>> = episodes.iter().map(|_| None).collect();
-        while let Some((i, trajectory)) = running.try_next().await? {
-            trajectories[i] = Some(trajectory);
+        let mut ended = Vec::with_capacity(episodes.len());
+        while let Some(trajectory) = running.try_next().await? {
+            ended.push(trajectory);
             done();
         }
-        Ok((trajectories.into_iter().map(|t| t.expect("every episode ran")).collect(), clock.totals()))
+        ended.sort_by_key(|(i, _)| *i);
+        Ok((ended.into_iter().map(|(_, trajectory)| trajectory).collect(), clock.totals()))
     }
 
     /// One episode, turn by turn.
