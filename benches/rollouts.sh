@@ -17,7 +17,7 @@
 #   ROUNDS: rounds of every configuration, one after another in each round; the speed of a
 #     shared machine drifts from minute to minute, so ratios are taken within a round.
 #   KERNELS: more int8 runs of sesa with its kernels held to a lower instruction set
-#     (SESA_KERNELS=portable; by default AVX2 where the CPU has it).
+#     (SESA_KERNELS=portable or avx2; by default AVX-512 or AVX2, the most the CPU has).
 #   Ends with a table of prompt and decoding throughput per round, and sesa's over llama.cpp's
 #   fastest type in the same round.
 #

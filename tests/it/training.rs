@@ -724,8 +724,9 @@ fn ask_generates_the_world_and_index_a_fresh_clone_lacks() {
 }
 
 /// The kernels give the same bits with and without their vector code: `sesa ask` with int8
-/// weights samples the same trajectory with `SESA_KERNELS=portable` as at the CPU's best (each
-/// sampled token depends on every logit's bits).
+/// weights samples the same trajectory with `SESA_KERNELS=portable`, and with `avx2` (on an
+/// AVX-512 CPU, the level below), as at the CPU's best (each sampled token depends on every
+/// logit's bits).
 #[test]
 fn portable_kernels_sample_the_same_trajectory_as_the_vector_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -760,6 +761,7 @@ fn portable_kernels_sample_the_same_trajectory_as_the_vector_ones() {
     let best = ask("");
     assert!(best.contains("turns,") && best.ends_with("tokens generated"), "{best}");
     assert_eq!(ask("portable"), best, "SESA_KERNELS=portable");
+    assert_eq!(ask("avx2"), best, "SESA_KERNELS=avx2");
 }
 
 /// `sesa model export` of a model rather than a run: the GGUF's weights (dequantized) as a

@@ -12,7 +12,7 @@ use half::slice::HalfFloatSliceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{exp_in_place, use_avx2};
+use super::{Level, exp_in_place, level, use_avx2};
 
 /// How a KV cache stores keys and values.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -56,6 +56,12 @@ pub trait KvValue: Copy + Send + Sync {
     /// Eight values must be readable from `values`, and the CPU must have AVX2 and F16C.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(values: *const Self) -> std::arch::x86_64::__m256;
+    /// The sixteen values from `values`, widened (for code compiled with AVX-512).
+    ///
+    /// # Safety
+    /// Sixteen values must be readable from `values`, and the CPU must have AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(values: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KvValue for f32 {
@@ -73,6 +79,14 @@ impl KvValue for f32 {
     unsafe fn load8(values: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller guarantees eight readable values.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(values) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(values: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller guarantees sixteen readable values.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(values) }
     }
 }
 
@@ -94,6 +108,15 @@ impl KvValue for f16 {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps};
         // SAFETY: the caller guarantees eight readable values (16 bytes).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(values.cast::<__m128i>())) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(values: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm512_cvtph_ps};
+        // SAFETY: the caller guarantees sixteen readable values (32 bytes).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(values.cast::<__m256i>())) }
     }
 }
 
@@ -339,33 +362,61 @@ fn dot_avx2<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
 /// sum adds the keys in order, a product and then a sum per key (not fused), with AVX2 where the
 /// CPU has it and the width is whole blocks of 16.
 fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
+    weigh_values_at(level(), weights, heads, head, out);
+}
+
+/// [`weigh_values`] with the vector code of `level` (which the CPU must have).
+fn weigh_values_at<T: KvValue>(level: Level, weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if head.width.is_multiple_of(16) && use_avx2() {
+    if head.width.is_multiple_of(16) && level >= Level::Avx2 {
         let mut first = 0;
         while first < heads {
             let group = (heads - first).min(4);
             let out = &mut out[first * head.width..(first + group) * head.width];
-            // Up to three heads take 32 columns a pass, four heads 16: the sums of a pass stay
-            // in the sixteen vector registers (three heads' twelve, with a key's values, spill
-            // a little; still faster than twice the passes).
-            let wide = head.width.is_multiple_of(32);
-            // SAFETY: the CPU has AVX2 and F16C.
+            // SAFETY: the CPU has the level's features.
             unsafe {
-                match (group, wide) {
-                    (4, _) => weigh_values_avx2::<T, 4, 2>(weights, heads, first, head, out),
-                    (3, true) => weigh_values_avx2::<T, 3, 4>(weights, heads, first, head, out),
-                    (3, false) => weigh_values_avx2::<T, 3, 2>(weights, heads, first, head, out),
-                    (2, true) => weigh_values_avx2::<T, 2, 4>(weights, heads, first, head, out),
-                    (2, false) => weigh_values_avx2::<T, 2, 2>(weights, heads, first, head, out),
-                    (_, true) => weigh_values_avx2::<T, 1, 4>(weights, heads, first, head, out),
-                    (_, false) => weigh_values_avx2::<T, 1, 2>(weights, heads, first, head, out),
+                if level == Level::Avx512 {
+                    weigh_values_avx512_group(group, weights, heads, first, head, out);
+                } else {
+                    weigh_values_avx2_group(group, weights, heads, first, head, out);
                 }
             }
             first += group;
         }
         return;
     }
+    let _ = level;
     weigh_values_portable(weights, heads, head, out);
+}
+
+/// [`weigh_values_avx2`] for a group of `group ≤ 4` heads: up to three heads take 32 columns a
+/// pass, four heads 16, so that the sums of a pass stay in the sixteen vector registers (three
+/// heads' twelve, with a key's values, spill a little; still faster than twice the passes).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C; `head.width` must be a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+unsafe fn weigh_values_avx2_group<T: KvValue>(
+    group: usize,
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    head: KvHead<'_, T>,
+    out: &mut [f32],
+) {
+    let wide = head.width.is_multiple_of(32);
+    // SAFETY: the caller's.
+    unsafe {
+        match (group, wide) {
+            (4, _) => weigh_values_avx2::<T, 4, 2>(weights, heads, first, head, out),
+            (3, true) => weigh_values_avx2::<T, 3, 4>(weights, heads, first, head, out),
+            (3, false) => weigh_values_avx2::<T, 3, 2>(weights, heads, first, head, out),
+            (2, true) => weigh_values_avx2::<T, 2, 4>(weights, heads, first, head, out),
+            (2, false) => weigh_values_avx2::<T, 2, 2>(weights, heads, first, head, out),
+            (_, true) => weigh_values_avx2::<T, 1, 4>(weights, heads, first, head, out),
+            (_, false) => weigh_values_avx2::<T, 1, 2>(weights, heads, first, head, out),
+        }
+    }
 }
 
 /// [`weigh_values`] element by element: the very bits of the vector version.
@@ -430,9 +481,98 @@ fn weigh_values_avx2<T: KvValue, const G: usize, const V: usize>(
     }
 }
 
+/// [`weigh_values_avx512`] for a group of `group ≤ 4` heads, up to 64 columns a pass: the
+/// sums of four heads and a key's values fit the 32 AVX-512 registers.
+///
+/// # Safety
+/// The CPU must have AVX-512 F; `head.width` must be a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+unsafe fn weigh_values_avx512_group<T: KvValue>(
+    group: usize,
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    head: KvHead<'_, T>,
+    out: &mut [f32],
+) {
+    let passes = if head.width.is_multiple_of(64) {
+        4
+    } else if head.width.is_multiple_of(32) {
+        2
+    } else {
+        1
+    };
+    // SAFETY: the caller's.
+    unsafe {
+        match (group, passes) {
+            (4, 4) => weigh_values_avx512::<T, 4, 4>(weights, heads, first, head, out),
+            (4, 2) => weigh_values_avx512::<T, 4, 2>(weights, heads, first, head, out),
+            (4, _) => weigh_values_avx512::<T, 4, 1>(weights, heads, first, head, out),
+            (3, 4) => weigh_values_avx512::<T, 3, 4>(weights, heads, first, head, out),
+            (3, 2) => weigh_values_avx512::<T, 3, 2>(weights, heads, first, head, out),
+            (3, _) => weigh_values_avx512::<T, 3, 1>(weights, heads, first, head, out),
+            (2, 4) => weigh_values_avx512::<T, 2, 4>(weights, heads, first, head, out),
+            (2, 2) => weigh_values_avx512::<T, 2, 2>(weights, heads, first, head, out),
+            (2, _) => weigh_values_avx512::<T, 2, 1>(weights, heads, first, head, out),
+            (_, 4) => weigh_values_avx512::<T, 1, 4>(weights, heads, first, head, out),
+            (_, 2) => weigh_values_avx512::<T, 1, 2>(weights, heads, first, head, out),
+            (_, _) => weigh_values_avx512::<T, 1, 1>(weights, heads, first, head, out),
+        }
+    }
+}
+
+/// [`weigh_values_avx2`] with sixteen columns a register: `16 × V` columns a pass. Each
+/// column's sum is the same chain of products and adds, so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn weigh_values_avx512<T: KvValue, const G: usize, const V: usize>(
+    weights: &[f32],
+    heads: usize,
+    first: usize,
+    head: KvHead<'_, T>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::{
+        __m512, _mm512_add_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    };
+    let KvHead { values, count, stride, offset, width, .. } = head;
+    assert!(
+        first + G <= heads
+            && weights.len() >= count * heads
+            && out.len() >= G * width
+            && width.is_multiple_of(16 * V)
+            && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
+        "weigh_values: {G} heads from {first} of {heads}, {count} keys"
+    );
+    for start in (0..width).step_by(16 * V) {
+        let mut sums: [[__m512; V]; G] = [[_mm512_setzero_ps(); V]; G];
+        for j in 0..count {
+            // SAFETY: j < count, start + 16V ≤ width and g < G keep every read inside the
+            // asserted lengths; the CPU has AVX-512 F.
+            unsafe {
+                let value = values.as_ptr().add(j * stride + offset + start);
+                let block: [__m512; V] = std::array::from_fn(|v| T::load16(value.add(16 * v)));
+                for (g, sums) in sums.iter_mut().enumerate() {
+                    let weight = _mm512_set1_ps(*weights.get_unchecked((first + g) * count + j));
+                    for (sum, value) in sums.iter_mut().zip(&block) {
+                        *sum = _mm512_add_ps(*sum, _mm512_mul_ps(weight, *value));
+                    }
+                }
+            }
+        }
+        for (g, sums) in sums.iter().enumerate() {
+            for (v, sum) in sums.iter().enumerate() {
+                // SAFETY: g < G and start + 16V ≤ width: inside the asserted `out`.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(g * width + start + 16 * v), *sum) };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::vector_levels;
 
     #[test]
     fn dots_handle_every_length_and_the_vector_code_gives_the_portable_bits() {
@@ -524,25 +664,27 @@ mod tests {
     fn the_vector_value_sums_give_the_bits_of_the_portable_ones() {
         // Every group size and pass width: four heads 16 columns a pass, fewer 32, or 16 where
         // the width is not a multiple of 32; five heads: a group of four, then one.
-        for (heads, width) in [(3, 32), (3, 48), (4, 64), (2, 64), (2, 48), (1, 16), (5, 32)] {
+        for (heads, width) in [(3, 32), (3, 48), (4, 64), (2, 64), (2, 48), (1, 16), (5, 32), (3, 128)] {
             let (count, stride) = (9, 2 * width + 6);
             let values: Vec<f32> = (0..count * stride).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
             let weights: Vec<f32> = (0..count * heads).map(|i| ((i * 7919) % 101) as f32 / 101.0).collect();
             let head = KvHead { keys: &values, values: &values, count, stride, offset: 5, width };
-            let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
-            weigh_values(&weights, heads, head, &mut fast);
-            weigh_values_portable(&weights, heads, head, &mut plain);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-            assert_eq!(bits(&fast), bits(&plain), "{heads} heads of width {width}");
+            let mut plain = vec![0.0; heads * width];
+            weigh_values_portable(&weights, heads, head, &mut plain);
             assert!(plain.iter().all(|v| *v != 0.0));
-
             let mut halves = Vec::new();
             f16::store(&values, &mut halves);
-            let head = KvHead { keys: &halves, values: &halves, count, stride, offset: 5, width };
-            let (mut fast, mut plain) = (vec![0.0; heads * width], vec![0.0; heads * width]);
-            weigh_values(&weights, heads, head, &mut fast);
-            weigh_values_portable(&weights, heads, head, &mut plain);
-            assert_eq!(bits(&fast), bits(&plain), "F16 values, {heads} heads of width {width}");
+            let half_head = KvHead { keys: &halves, values: &halves, count, stride, offset: 5, width };
+            let mut half_plain = vec![0.0; heads * width];
+            weigh_values_portable(&weights, heads, half_head, &mut half_plain);
+            for level in vector_levels() {
+                let mut fast = vec![0.0; heads * width];
+                weigh_values_at(level, &weights, heads, head, &mut fast);
+                assert_eq!(bits(&fast), bits(&plain), "{level:?}, {heads} heads of width {width}");
+                weigh_values_at(level, &weights, heads, half_head, &mut fast);
+                assert_eq!(bits(&fast), bits(&half_plain), "{level:?}, F16 values, {heads} heads of width {width}");
+            }
         }
     }
 

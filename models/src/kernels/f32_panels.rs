@@ -2,7 +2,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::store_tile;
-use super::{LANES, Tile, TileKernel, tiles, use_avx2};
+use super::{LANES, Tile, TileKernel, tiles, use_avx2, use_avx512};
 
 /// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), laid out once at
 /// load for `x · Wᵀ`: panels of [`LANES`] output columns, each `inputs × LANES` with the
@@ -65,13 +65,19 @@ impl TileKernel for F32Rows<'_> {
 }
 
 /// The product of `R` rows of `x` (each `inputs` long) with one panel, into `sums`: one fused
-/// multiply-add chain per element, `k` ascending, with AVX2 where the CPU has it.
+/// multiply-add chain per element, `k` ascending, with AVX-512 or AVX2 where the CPU has it.
 #[inline(always)]
 fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { product_avx2::<R>(x, panel, sums) };
+    {
+        if use_avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { product_avx512::<R>(x, panel, sums) };
+        }
+        if use_avx2() {
+            // SAFETY: as above.
+            return unsafe { product_avx2::<R>(x, panel, sums) };
+        }
     }
     product_portable::<R>(x, panel, sums)
 }
@@ -96,12 +102,7 @@ fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
 #[target_feature(enable = "avx2,fma")]
 fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     use std::arch::x86_64::{__m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
-    let inputs = x.len() / R;
-    assert!(
-        x.len() == R * inputs && panel.len() >= inputs * LANES,
-        "product: {R} rows of {inputs} and a panel of {}",
-        panel.len()
-    );
+    let inputs = check_lengths::<R>(x, panel);
     let (x, panel) = (x.as_ptr(), panel.as_ptr());
     let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
     for k in 0..inputs {
@@ -120,10 +121,48 @@ fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     store_tile(&acc, sums);
 }
 
+/// [`product_avx2`] with a row's panel in one AVX-512 register: per `k`, one weight load, `R`
+/// broadcasts and `R` fused multiply-adds, each lane's the same as before.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn product_avx512<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
+    use std::arch::x86_64::{
+        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    };
+    let inputs = check_lengths::<R>(x, panel);
+    let (x, panel) = (x.as_ptr(), panel.as_ptr());
+    let mut acc: [__m512; R] = [_mm512_setzero_ps(); R];
+    for k in 0..inputs {
+        // SAFETY: as in `product_avx2`.
+        unsafe {
+            let weights = _mm512_loadu_ps(panel.add(k * LANES));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(r * inputs + k)), weights, *acc);
+            }
+        }
+    }
+    for (sums, acc) in sums.iter_mut().zip(&acc) {
+        // SAFETY: each row of `sums` holds LANES = 16 floats.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *acc) };
+    }
+}
+
+/// The vector products read `R` rows of `x` and the panel unchecked: their lengths, checked
+/// once per call. Returns the inputs per row.
+fn check_lengths<const R: usize>(x: &[f32], panel: &[f32]) -> usize {
+    let inputs = x.len() / R;
+    assert!(
+        x.len() == R * inputs && panel.len() >= inputs * LANES,
+        "product: {R} rows of {inputs} and a panel of {}",
+        panel.len()
+    );
+    inputs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::TILE_ROWS;
+    use crate::kernels::{Level, TILE_ROWS, vector_levels};
 
     #[test]
     fn the_vector_product_gives_the_bits_of_the_portable_one() {
@@ -131,11 +170,21 @@ mod tests {
         let x: Vec<f32> = (0..TILE_ROWS * inputs).map(|i| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5).collect();
         let panel: Vec<f32> = (0..inputs * LANES).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
         fn both<const R: usize>(x: &[f32], panel: &[f32]) {
-            let (mut fast, mut plain): (Tile, Tile) = Default::default();
-            product::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut fast);
-            product_portable::<R>(&x[..R * (x.len() / TILE_ROWS)], panel, &mut plain);
-            assert_eq!(fast, plain, "{R} rows");
-            assert_ne!(fast[0], [0.0; LANES]);
+            let x = &x[..R * (x.len() / TILE_ROWS)];
+            let mut plain = Tile::default();
+            product_portable::<R>(x, panel, &mut plain);
+            assert_ne!(plain[0], [0.0; LANES]);
+            #[cfg(target_arch = "x86_64")]
+            for level in vector_levels() {
+                let mut fast = Tile::default();
+                // SAFETY: the CPU has the level's features.
+                match level {
+                    Level::Avx2 => unsafe { product_avx2::<R>(x, panel, &mut fast) },
+                    Level::Avx512 => unsafe { product_avx512::<R>(x, panel, &mut fast) },
+                    Level::Portable => unreachable!(),
+                }
+                assert_eq!(fast, plain, "{level:?}, {R} rows");
+            }
         }
         both::<1>(&x, &panel);
         both::<3>(&x, &panel);

@@ -15,7 +15,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::store_tile;
 
-use super::{LANES, SharedOut, Tile, TileKernel, for_each_chunk_mut, tiles, use_avx2};
+use super::{LANES, SharedOut, Tile, TileKernel, for_each_chunk_mut, tiles, use_avx2, use_avx512};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -163,14 +163,20 @@ impl QuantizedRows {
     }
 }
 
-/// The product of `R` quantized rows with one panel, into `sums`, with AVX2 where the CPU has
-/// it.
+/// The product of `R` quantized rows with one panel, into `sums`, with AVX-512 or AVX2 where
+/// the CPU has it.
 #[inline(always)]
 fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     #[cfg(target_arch = "x86_64")]
-    if use_avx2() {
-        // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { product_avx2::<R>(x, panel, sums) };
+    {
+        if use_avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { product_avx512::<R>(x, panel, sums) };
+        }
+        if use_avx2() {
+            // SAFETY: as above.
+            return unsafe { product_avx2::<R>(x, panel, sums) };
+        }
     }
     product_portable::<R>(x, panel, sums)
 }
@@ -211,14 +217,7 @@ fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) 
         _mm256_setzero_ps, _mm256_setzero_si256,
     };
     let (blocks, width) = (x.blocks, x.blocks * BLOCK);
-    assert!(
-        x.values.len() >= R * width
-            && x.scales.len() >= R * blocks
-            && panel.values.len() >= blocks * BLOCK * LANES
-            && panel.scales.len() >= blocks * LANES,
-        "product: {R} rows of {blocks} blocks and a panel of {} values",
-        panel.values.len()
-    );
+    check_lengths::<R>(x, panel);
     let (inputs, values) = (x.values.as_ptr(), panel.values.as_ptr());
     let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..blocks {
@@ -252,10 +251,66 @@ fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) 
     store_tile(&acc, sums);
 }
 
+/// [`product_avx2`] with a row's block sum in one AVX-512 register: per pair of inputs, one
+/// 32-byte weight load sign-extended, and per row a broadcast and one `vpdpwssd` (the
+/// `vpmaddwd` and the add in one instruction: the same exact integer sums). The float steps
+/// are the AVX2 version's, lane by lane, so the bits are too.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn product_avx512<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
+    use std::arch::x86_64::{
+        __m256i, __m512, __m512i, _mm256_loadu_si256, _mm512_cvtepi8_epi16, _mm512_cvtepi32_ps, _mm512_dpwssd_epi32,
+        _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_setzero_si512, _mm512_storeu_ps,
+    };
+    let (blocks, width) = (x.blocks, x.blocks * BLOCK);
+    check_lengths::<R>(x, panel);
+    let (inputs, values) = (x.values.as_ptr(), panel.values.as_ptr());
+    let mut acc: [__m512; R] = [_mm512_setzero_ps(); R];
+    for b in 0..blocks {
+        let mut block: [__m512i; R] = [_mm512_setzero_si512(); R];
+        for j in 0..PAIRS {
+            // SAFETY: as in `product_avx2`: inside the checked lengths.
+            unsafe {
+                let pair = values.add((b * PAIRS + j) * 2 * LANES);
+                let weights = _mm512_cvtepi8_epi16(_mm256_loadu_si256(pair.cast::<__m256i>()));
+                for (r, block) in block.iter_mut().enumerate() {
+                    let both = inputs.add(r * width + b * BLOCK + 2 * j).cast::<i32>().read_unaligned();
+                    *block = _mm512_dpwssd_epi32(*block, _mm512_set1_epi32(both), weights);
+                }
+            }
+        }
+        // SAFETY: the scales of block b: LANES floats, inside the checked length.
+        let scales = unsafe { _mm512_loadu_ps(panel.scales.as_ptr().add(b * LANES)) };
+        for (r, (acc, block)) in acc.iter_mut().zip(&block).enumerate() {
+            let row_scale = _mm512_set1_ps(x.scales[r * blocks + b]);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*block), _mm512_mul_ps(row_scale, scales), *acc);
+        }
+    }
+    for (sums, acc) in sums.iter_mut().zip(&acc) {
+        // SAFETY: each row of `sums` holds LANES = 16 floats.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *acc) };
+    }
+}
+
+/// The vector products read `R` rows of `x` and the whole panel unchecked: their lengths,
+/// checked once per call.
+fn check_lengths<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
+    let (blocks, width) = (x.blocks, x.blocks * BLOCK);
+    assert!(
+        x.values.len() >= R * width
+            && x.scales.len() >= R * blocks
+            && panel.values.len() >= blocks * BLOCK * LANES
+            && panel.scales.len() >= blocks * LANES,
+        "product: {R} rows of {blocks} blocks and a panel of {} values",
+        panel.values.len()
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::TILE_ROWS;
+    use crate::kernels::{Level, TILE_ROWS, vector_levels};
 
     fn values(count: usize, seed: usize) -> Vec<f32> {
         (0..count).map(|i| ((i * seed) % 1009) as f32 / 1009.0 - 0.5).collect()
@@ -270,11 +325,20 @@ mod tests {
         for p in 0..2 {
             let panel = weights.panel(p);
             fn both<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
-                let (mut fast, mut plain): (Tile, Tile) = Default::default();
-                product::<R>(x, panel, &mut fast);
+                let mut plain = Tile::default();
                 product_portable::<R>(x, panel, &mut plain);
-                assert_eq!(fast, plain, "{R} rows");
-                assert_ne!(fast[0], [0.0; LANES]);
+                assert_ne!(plain[0], [0.0; LANES]);
+                #[cfg(target_arch = "x86_64")]
+                for level in vector_levels() {
+                    let mut fast = Tile::default();
+                    // SAFETY: the CPU has the level's features.
+                    match level {
+                        Level::Avx2 => unsafe { product_avx2::<R>(x, panel, &mut fast) },
+                        Level::Avx512 => unsafe { product_avx512::<R>(x, panel, &mut fast) },
+                        Level::Portable => unreachable!(),
+                    }
+                    assert_eq!(fast, plain, "{level:?}, {R} rows");
+                }
             }
             both::<1>(x.rows(0, 1), panel);
             both::<4>(x.rows(2, 4), panel);

@@ -35,30 +35,74 @@ const ROW_BLOCK: usize = 96;
 /// Panels per parallel part, at least: smaller parts cost more in scheduling than they gain.
 const MIN_PANELS: usize = 8;
 
-/// Whether the kernels run their AVX2 versions: where the CPU has AVX2, FMA and F16C (every
-/// x86 CPU with AVX2 has the other two, though a hypervisor may hide them: then every kernel
-/// takes its portable path), unless `SESA_KERNELS=portable` holds them to their portable twins
-/// (the same bits), to measure the vector code or check end to end that results do not depend
-/// on it. Decided once per process. (The F16 cache's rounding and widening go through `half`,
-/// which picks F16C itself; both of its paths round to nearest and widen exactly.)
-fn use_avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        let detected = std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c");
-        #[cfg(not(target_arch = "x86_64"))]
-        let detected = false;
-        match std::env::var("SESA_KERNELS").unwrap_or_default().as_str() {
-            "" => detected,
-            "portable" => false,
-            other => {
-                tracing::warn!("SESA_KERNELS={other:?} is not `portable`: the kernels use what the CPU has");
-                detected
-            }
+/// The vector code the kernels run, from the least to the most the CPU must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    /// Element by element, on any CPU.
+    Portable,
+    /// AVX2 with FMA and F16C (every x86 CPU with AVX2 has the other two, though a hypervisor
+    /// may hide them).
+    Avx2,
+    /// Besides, AVX-512 (F, BW) with VNNI: the products' registers hold a whole panel of
+    /// [`LANES`] columns, and one instruction multiplies and adds a pair of 16-bit inputs.
+    Avx512,
+}
+
+/// The most the CPU has.
+fn detected() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if !(has!("avx2") && has!("fma") && has!("f16c")) {
+            return Level::Portable;
         }
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+            return Level::Avx512;
+        }
+        Level::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Level::Portable
+}
+
+/// The vector code the kernels run: the most the CPU has, unless `SESA_KERNELS` holds them
+/// lower (`portable` or `avx2`), to measure one level against another or check end to end that
+/// results do not depend on it. Every level gives the same bits. Decided once per process.
+/// (The F16 cache's rounding and widening go through `half`, which picks F16C itself; both of
+/// its paths round to nearest and widen exactly.)
+fn level() -> Level {
+    static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let cpu = detected();
+        let asked = match std::env::var("SESA_KERNELS").unwrap_or_default().as_str() {
+            "" => cpu,
+            "portable" => Level::Portable,
+            "avx2" => Level::Avx2,
+            other => {
+                tracing::warn!(
+                    "SESA_KERNELS={other:?} is neither `portable` nor `avx2`: the kernels use what the CPU has"
+                );
+                cpu
+            }
+        };
+        asked.min(cpu)
     })
+}
+
+/// The vector levels this CPU can run, for tests to compare each with the portable code.
+#[cfg(test)]
+fn vector_levels() -> Vec<Level> {
+    [Level::Avx2, Level::Avx512].into_iter().filter(|level| *level <= detected()).collect()
+}
+
+/// Whether the kernels run at least their AVX2 versions.
+fn use_avx2() -> bool {
+    level() >= Level::Avx2
+}
+
+/// Whether the kernels that have AVX-512 versions run them.
+fn use_avx512() -> bool {
+    level() == Level::Avx512
 }
 
 /// How a model's weight matrices are stored and multiplied.

@@ -71,6 +71,10 @@ enum KvLayer {
     F16(KvLayerOf<f16>),
 }
 
+/// Tokens a cache copied as a prefix has room for before it grows: a turn's new tokens (a
+/// search's results and the next thought) in most agent loops.
+const PREFIX_ROOM: usize = 512;
+
 /// One layer's cached keys and values as `T`.
 #[derive(Clone, Debug, Default)]
 struct KvLayerOf<T> {
@@ -85,10 +89,18 @@ impl<T: KvValue> KvLayerOf<T> {
         T::store(values, &mut self.values);
     }
 
-    /// The first `tokens` of `cached`.
+    /// The first `tokens` of `cached`, with room for [`PREFIX_ROOM`] more: a prefix is taken
+    /// to be continued, and a vector copied to its exact length would be copied again (and its
+    /// pages faulted in again) at the first token appended.
     fn prefix(&self, tokens: usize, cached: usize) -> KvLayerOf<T> {
-        let numbers = self.keys.len().checked_div(cached).unwrap_or(0) * tokens;
-        KvLayerOf { keys: self.keys[..numbers].to_vec(), values: self.values[..numbers].to_vec() }
+        let per_token = self.keys.len().checked_div(cached).unwrap_or(0);
+        let numbers = per_token * tokens;
+        let copy = |all: &[T]| {
+            let mut copy = Vec::with_capacity(numbers + per_token * PREFIX_ROOM);
+            copy.extend_from_slice(&all[..numbers]);
+            copy
+        };
+        KvLayerOf { keys: copy(&self.keys), values: copy(&self.values) }
     }
 
     /// Key-value head `kv_head` over the first `count` tokens.
