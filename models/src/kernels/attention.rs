@@ -12,6 +12,8 @@ use half::slice::HalfFloatSliceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+#[cfg(target_arch = "x86_64")]
+use super::lanes::{Avx2, Avx512, Lanes};
 use super::{Level, exp_in_place, level, use_avx2};
 
 /// How a KV cache stores keys and values.
@@ -368,55 +370,16 @@ fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, 
 /// [`weigh_values`] with the vector code of `level` (which the CPU must have).
 fn weigh_values_at<T: KvValue>(level: Level, weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if head.width.is_multiple_of(16) && level >= Level::Avx2 {
-        let mut first = 0;
-        while first < heads {
-            let group = (heads - first).min(4);
-            let out = &mut out[first * head.width..(first + group) * head.width];
-            // SAFETY: the CPU has the level's features.
-            unsafe {
-                if level == Level::Avx512 {
-                    weigh_values_avx512_group(group, weights, heads, first, head, out);
-                } else {
-                    weigh_values_avx2_group(group, weights, heads, first, head, out);
-                }
-            }
-            first += group;
+    if head.width.is_multiple_of(16) {
+        // SAFETY: the CPU has the level's features.
+        match level {
+            Level::Avx512 => return unsafe { weigh_values_avx512(weights, heads, head, out) },
+            Level::Avx2 => return unsafe { weigh_values_avx2(weights, heads, head, out) },
+            Level::Portable => {}
         }
-        return;
     }
     let _ = level;
     weigh_values_portable(weights, heads, head, out);
-}
-
-/// [`weigh_values_avx2`] for a group of `group ≤ 4` heads: up to three heads take 32 columns a
-/// pass, four heads 16, so that the sums of a pass stay in the sixteen vector registers (three
-/// heads' twelve, with a key's values, spill a little; still faster than twice the passes).
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C; `head.width` must be a multiple of 16.
-#[cfg(target_arch = "x86_64")]
-unsafe fn weigh_values_avx2_group<T: KvValue>(
-    group: usize,
-    weights: &[f32],
-    heads: usize,
-    first: usize,
-    head: KvHead<'_, T>,
-    out: &mut [f32],
-) {
-    let wide = head.width.is_multiple_of(32);
-    // SAFETY: the caller's.
-    unsafe {
-        match (group, wide) {
-            (4, _) => weigh_values_avx2::<T, 4, 2>(weights, heads, first, head, out),
-            (3, true) => weigh_values_avx2::<T, 3, 4>(weights, heads, first, head, out),
-            (3, false) => weigh_values_avx2::<T, 3, 2>(weights, heads, first, head, out),
-            (2, true) => weigh_values_avx2::<T, 2, 4>(weights, heads, first, head, out),
-            (2, false) => weigh_values_avx2::<T, 2, 2>(weights, heads, first, head, out),
-            (_, true) => weigh_values_avx2::<T, 1, 4>(weights, heads, first, head, out),
-            (_, false) => weigh_values_avx2::<T, 1, 2>(weights, heads, first, head, out),
-        }
-    }
 }
 
 /// [`weigh_values`] element by element: the very bits of the vector version.
@@ -433,137 +396,115 @@ fn weigh_values_portable<T: KvValue>(weights: &[f32], heads: usize, head: KvHead
     }
 }
 
-/// [`weigh_values`] for the `G ≤ 4` heads from `first`, `8 × V` output columns at a time: the
-/// `G × V` sums in registers over all keys, each key's value block loaded once for the group.
+/// [`weigh_values`] in AVX2's sixteen registers: up to three heads take 32 columns a pass, four
+/// heads 16, so that a pass's sums stay in registers (three heads' twelve, with a key's values,
+/// spill a little; still faster than twice the passes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-fn weigh_values_avx2<T: KvValue, const G: usize, const V: usize>(
-    weights: &[f32],
-    heads: usize,
-    first: usize,
-    head: KvHead<'_, T>,
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::{
-        __m256, _mm256_add_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps,
-    };
-    let KvHead { values, count, stride, offset, width, .. } = head;
-    assert!(
-        first + G <= heads
-            && weights.len() >= count * heads
-            && out.len() >= G * width
-            && width.is_multiple_of(8 * V)
-            && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
-        "weigh_values: {G} heads from {first} of {heads}, {count} keys"
-    );
-    for start in (0..width).step_by(8 * V) {
-        let mut sums: [[__m256; V]; G] = [[_mm256_setzero_ps(); V]; G];
-        for j in 0..count {
-            // SAFETY: j < count, start + 8V ≤ width and g < G keep every read inside the
-            // asserted lengths; the CPU has AVX2 and F16C.
-            unsafe {
-                let value = values.as_ptr().add(j * stride + offset + start);
-                let block: [__m256; V] = std::array::from_fn(|v| T::load8(value.add(8 * v)));
-                for (g, sums) in sums.iter_mut().enumerate() {
-                    let weight = _mm256_set1_ps(*weights.get_unchecked((first + g) * count + j));
-                    for (sum, value) in sums.iter_mut().zip(&block) {
-                        *sum = _mm256_add_ps(*sum, _mm256_mul_ps(weight, *value));
-                    }
-                }
-            }
-        }
-        for (g, sums) in sums.iter().enumerate() {
-            for (v, sum) in sums.iter().enumerate() {
-                // SAFETY: g < G and start + 8V ≤ width: inside the asserted `out`.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(g * width + start + 8 * v), *sum) };
-            }
-        }
-    }
+fn weigh_values_avx2<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
+    let wide = head.width.is_multiple_of(32);
+    // SAFETY: compiled for AVX2 and F16C; the width is a multiple of 16.
+    unsafe { weigh_value_groups::<Avx2, T>(weights, heads, head, out, |group| if wide && group < 4 { 2 } else { 1 }) }
 }
 
-/// [`weigh_values_avx512`] for a group of `group ≤ 4` heads, up to 64 columns a pass: the
-/// sums of four heads and a key's values fit the 32 AVX-512 registers.
-///
-/// # Safety
-/// The CPU must have AVX-512 F; `head.width` must be a multiple of 16.
+/// [`weigh_values`] in AVX-512's 32 registers: four heads' sums of 64 columns and a key's values
+/// fit them, so a pass takes as many columns as the width allows, up to 64.
 #[cfg(target_arch = "x86_64")]
-unsafe fn weigh_values_avx512_group<T: KvValue>(
-    group: usize,
-    weights: &[f32],
-    heads: usize,
-    first: usize,
-    head: KvHead<'_, T>,
-    out: &mut [f32],
-) {
-    let passes = if head.width.is_multiple_of(64) {
+#[target_feature(enable = "avx512f")]
+fn weigh_values_avx512<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
+    let units = if head.width.is_multiple_of(64) {
         4
     } else if head.width.is_multiple_of(32) {
         2
     } else {
         1
     };
-    // SAFETY: the caller's.
-    unsafe {
-        match (group, passes) {
-            (4, 4) => weigh_values_avx512::<T, 4, 4>(weights, heads, first, head, out),
-            (4, 2) => weigh_values_avx512::<T, 4, 2>(weights, heads, first, head, out),
-            (4, _) => weigh_values_avx512::<T, 4, 1>(weights, heads, first, head, out),
-            (3, 4) => weigh_values_avx512::<T, 3, 4>(weights, heads, first, head, out),
-            (3, 2) => weigh_values_avx512::<T, 3, 2>(weights, heads, first, head, out),
-            (3, _) => weigh_values_avx512::<T, 3, 1>(weights, heads, first, head, out),
-            (2, 4) => weigh_values_avx512::<T, 2, 4>(weights, heads, first, head, out),
-            (2, 2) => weigh_values_avx512::<T, 2, 2>(weights, heads, first, head, out),
-            (2, _) => weigh_values_avx512::<T, 2, 1>(weights, heads, first, head, out),
-            (_, 4) => weigh_values_avx512::<T, 1, 4>(weights, heads, first, head, out),
-            (_, 2) => weigh_values_avx512::<T, 1, 2>(weights, heads, first, head, out),
-            (_, _) => weigh_values_avx512::<T, 1, 1>(weights, heads, first, head, out),
+    // SAFETY: compiled for AVX-512 F; the width is a multiple of 16.
+    unsafe { weigh_value_groups::<Avx512, T>(weights, heads, head, out, |_| units) }
+}
+
+/// [`weigh_values`] by groups of up to four heads, each group's columns `units(group) × 16` a
+/// pass ([`weigh_group_values`]).
+///
+/// # Safety
+/// The CPU must have `L`'s features; `head.width` must be a multiple of 16 × every unit count.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weigh_value_groups<L: Lanes, T: KvValue>(
+    weights: &[f32],
+    heads: usize,
+    head: KvHead<'_, T>,
+    out: &mut [f32],
+    units: impl Fn(usize) -> usize,
+) {
+    let mut first = 0;
+    while first < heads {
+        let group = (heads - first).min(4);
+        let out = &mut out[first * head.width..(first + group) * head.width];
+        // SAFETY: the caller's.
+        unsafe {
+            match (group, units(group)) {
+                (4, 4) => weigh_group_values::<L, T, 4, 4>(weights, heads, first, head, out),
+                (4, 2) => weigh_group_values::<L, T, 4, 2>(weights, heads, first, head, out),
+                (4, _) => weigh_group_values::<L, T, 4, 1>(weights, heads, first, head, out),
+                (3, 4) => weigh_group_values::<L, T, 3, 4>(weights, heads, first, head, out),
+                (3, 2) => weigh_group_values::<L, T, 3, 2>(weights, heads, first, head, out),
+                (3, _) => weigh_group_values::<L, T, 3, 1>(weights, heads, first, head, out),
+                (2, 4) => weigh_group_values::<L, T, 2, 4>(weights, heads, first, head, out),
+                (2, 2) => weigh_group_values::<L, T, 2, 2>(weights, heads, first, head, out),
+                (2, _) => weigh_group_values::<L, T, 2, 1>(weights, heads, first, head, out),
+                (_, 4) => weigh_group_values::<L, T, 1, 4>(weights, heads, first, head, out),
+                (_, 2) => weigh_group_values::<L, T, 1, 2>(weights, heads, first, head, out),
+                (_, _) => weigh_group_values::<L, T, 1, 1>(weights, heads, first, head, out),
+            }
         }
+        first += group;
     }
 }
 
-/// [`weigh_values_avx2`] with sixteen columns a register: `16 × V` columns a pass. Each
-/// column's sum is the same chain of products and adds, so the bits are the same.
+/// [`weigh_values`] for the `G ≤ 4` heads from `first`, `16 × U` output columns a pass: the
+/// `G × U` sums in registers over all keys, each key's values loaded once for the group, and
+/// each column's sum the portable code's chain of products and adds.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn weigh_values_avx512<T: KvValue, const G: usize, const V: usize>(
+#[inline(always)]
+unsafe fn weigh_group_values<L: Lanes, T: KvValue, const G: usize, const U: usize>(
     weights: &[f32],
     heads: usize,
     first: usize,
     head: KvHead<'_, T>,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::{
-        __m512, _mm512_add_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-    };
     let KvHead { values, count, stride, offset, width, .. } = head;
     assert!(
         first + G <= heads
             && weights.len() >= count * heads
             && out.len() >= G * width
-            && width.is_multiple_of(16 * V)
+            && width.is_multiple_of(16 * U)
             && (count == 0 || values.len() >= (count - 1) * stride + offset + width),
         "weigh_values: {G} heads from {first} of {heads}, {count} keys"
     );
-    for start in (0..width).step_by(16 * V) {
-        let mut sums: [[__m512; V]; G] = [[_mm512_setzero_ps(); V]; G];
+    // SAFETY (every block below): j < count, start + 16U ≤ width and g < G keep every read and
+    // write inside the asserted lengths; the caller's features.
+    for start in (0..width).step_by(16 * U) {
+        let mut sums = [[unsafe { L::zero() }; U]; G];
         for j in 0..count {
-            // SAFETY: j < count, start + 16V ≤ width and g < G keep every read inside the
-            // asserted lengths; the CPU has AVX-512 F.
             unsafe {
                 let value = values.as_ptr().add(j * stride + offset + start);
-                let block: [__m512; V] = std::array::from_fn(|v| T::load16(value.add(16 * v)));
+                let block: [L; U] = std::array::from_fn(|u| L::load_values(value.add(16 * u)));
                 for (g, sums) in sums.iter_mut().enumerate() {
-                    let weight = _mm512_set1_ps(*weights.get_unchecked((first + g) * count + j));
+                    let weight = L::splat(*weights.get_unchecked((first + g) * count + j));
                     for (sum, value) in sums.iter_mut().zip(&block) {
-                        *sum = _mm512_add_ps(*sum, _mm512_mul_ps(weight, *value));
+                        *sum = sum.add(weight.mul(*value));
                     }
                 }
             }
         }
         for (g, sums) in sums.iter().enumerate() {
-            for (v, sum) in sums.iter().enumerate() {
-                // SAFETY: g < G and start + 16V ≤ width: inside the asserted `out`.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(g * width + start + 16 * v), *sum) };
+            for (u, sum) in sums.iter().enumerate() {
+                unsafe { sum.store(out.as_mut_ptr().add(g * width + start + 16 * u)) };
             }
         }
     }

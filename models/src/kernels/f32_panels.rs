@@ -1,8 +1,8 @@
 //! F32 weights in panels: every output element is one chain of fused multiply-adds.
 
 #[cfg(target_arch = "x86_64")]
-use super::store_tile;
-use super::{LANES, Tile, TileKernel, tiles, use_avx2, use_avx512};
+use super::lanes::{Avx2, Avx512, Lanes, store_rows};
+use super::{LANES, Level, Tile, TileKernel, level, tiles};
 
 /// A weight matrix `W [outputs, inputs]` (as checkpoints store dense layers), laid out once at
 /// load for `x · Wᵀ`: panels of [`LANES`] output columns, each `inputs × LANES` with the
@@ -68,17 +68,20 @@ impl TileKernel for F32Rows<'_> {
 /// multiply-add chain per element, `k` ascending, with AVX-512 or AVX2 where the CPU has it.
 #[inline(always)]
 fn product<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
+    product_at::<R>(level(), x, panel, sums);
+}
+
+/// [`product`] with the vector code of `level` (which the CPU must have).
+#[inline(always)]
+fn product_at<const R: usize>(level: Level, x: &[f32], panel: &[f32], sums: &mut Tile) {
+    // SAFETY: the CPU has the level's features.
     #[cfg(target_arch = "x86_64")]
-    {
-        if use_avx512() {
-            // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { product_avx512::<R>(x, panel, sums) };
-        }
-        if use_avx2() {
-            // SAFETY: as above.
-            return unsafe { product_avx2::<R>(x, panel, sums) };
-        }
+    match level {
+        Level::Avx512 => return unsafe { product_avx512::<R>(x, panel, sums) },
+        Level::Avx2 => return unsafe { product_avx2::<R>(x, panel, sums) },
+        Level::Portable => {}
     }
+    let _ = level;
     product_portable::<R>(x, panel, sums)
 }
 
@@ -96,55 +99,43 @@ fn product_portable<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     }
 }
 
-/// [`product`] with the `R × 2` accumulators in AVX registers: per `k`, two weight loads, `R`
-/// broadcasts and `2R` fused multiply-adds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn product_avx2<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
-    use std::arch::x86_64::{__m256, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps};
-    let inputs = check_lengths::<R>(x, panel);
-    let (x, panel) = (x.as_ptr(), panel.as_ptr());
-    let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
-    for k in 0..inputs {
-        // SAFETY: k < inputs and r < R keep every read inside `x` (R × inputs) and `panel`
-        // (inputs × LANES), as asserted above.
-        unsafe {
-            let low = _mm256_loadu_ps(panel.add(k * LANES));
-            let high = _mm256_loadu_ps(panel.add(k * LANES + 8));
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let value = _mm256_broadcast_ss(&*x.add(r * inputs + k));
-                acc[0] = _mm256_fmadd_ps(value, low, acc[0]);
-                acc[1] = _mm256_fmadd_ps(value, high, acc[1]);
-            }
-        }
-    }
-    store_tile(&acc, sums);
+    // SAFETY: compiled for AVX2 and FMA.
+    unsafe { product_vector::<Avx2, R>(x, panel, sums) }
 }
 
-/// [`product_avx2`] with a row's panel in one AVX-512 register: per `k`, one weight load, `R`
-/// broadcasts and `R` fused multiply-adds, each lane's the same as before.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn product_avx512<const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
-    use std::arch::x86_64::{
-        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-    };
+    // SAFETY: compiled for AVX-512 F.
+    unsafe { product_vector::<Avx512, R>(x, panel, sums) }
+}
+
+/// [`product`] with a row's sums in one set of [`Lanes`]: per `k`, one load of the panel's
+/// weights, and per row a broadcast and a fused multiply-add.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn product_vector<L: Lanes, const R: usize>(x: &[f32], panel: &[f32], sums: &mut Tile) {
     let inputs = check_lengths::<R>(x, panel);
     let (x, panel) = (x.as_ptr(), panel.as_ptr());
-    let mut acc: [__m512; R] = [_mm512_setzero_ps(); R];
+    // SAFETY (every block below): k < inputs and r < R keep every read inside `x` (R × inputs)
+    // and `panel` (inputs × LANES), as checked; the caller's features.
+    let mut acc = [unsafe { L::zero() }; R];
     for k in 0..inputs {
-        // SAFETY: as in `product_avx2`.
         unsafe {
-            let weights = _mm512_loadu_ps(panel.add(k * LANES));
+            let weights = L::load(panel.add(k * LANES));
             for (r, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(r * inputs + k)), weights, *acc);
+                *acc = L::splat(*x.add(r * inputs + k)).mul_add(weights, *acc);
             }
         }
     }
-    for (sums, acc) in sums.iter_mut().zip(&acc) {
-        // SAFETY: each row of `sums` holds LANES = 16 floats.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *acc) };
-    }
+    // SAFETY: the caller's features.
+    unsafe { store_rows(&acc, sums) };
 }
 
 /// The vector products read `R` rows of `x` and the panel unchecked: their lengths, checked
@@ -162,7 +153,7 @@ fn check_lengths<const R: usize>(x: &[f32], panel: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{Level, TILE_ROWS, vector_levels};
+    use crate::kernels::{TILE_ROWS, assert_every_level_agrees};
 
     #[test]
     fn the_vector_product_gives_the_bits_of_the_portable_one() {
@@ -171,20 +162,7 @@ mod tests {
         let panel: Vec<f32> = (0..inputs * LANES).map(|i| ((i * 104_729) % 997) as f32 / 997.0 - 0.5).collect();
         fn both<const R: usize>(x: &[f32], panel: &[f32]) {
             let x = &x[..R * (x.len() / TILE_ROWS)];
-            let mut plain = Tile::default();
-            product_portable::<R>(x, panel, &mut plain);
-            assert_ne!(plain[0], [0.0; LANES]);
-            #[cfg(target_arch = "x86_64")]
-            for level in vector_levels() {
-                let mut fast = Tile::default();
-                // SAFETY: the CPU has the level's features.
-                match level {
-                    Level::Avx2 => unsafe { product_avx2::<R>(x, panel, &mut fast) },
-                    Level::Avx512 => unsafe { product_avx512::<R>(x, panel, &mut fast) },
-                    Level::Portable => unreachable!(),
-                }
-                assert_eq!(fast, plain, "{level:?}, {R} rows");
-            }
+            assert_every_level_agrees(&format!("{R} rows"), |level, sums| product_at::<R>(level, x, panel, sums));
         }
         both::<1>(&x, &panel);
         both::<3>(&x, &panel);

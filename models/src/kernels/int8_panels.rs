@@ -13,9 +13,8 @@
 //! the gap to F32 is the weights' rounding.
 
 #[cfg(target_arch = "x86_64")]
-use super::store_tile;
-
-use super::{LANES, SharedOut, Tile, TileKernel, for_each_chunk_mut, tiles, use_avx2, use_avx512};
+use super::lanes::{Avx2, Avx512, Lanes, store_rows};
+use super::{LANES, Level, SharedOut, Tile, TileKernel, for_each_chunk_mut, level, tiles};
 
 /// Inputs per scale.
 pub(crate) const BLOCK: usize = 32;
@@ -167,17 +166,20 @@ impl QuantizedRows {
 /// the CPU has it.
 #[inline(always)]
 fn product<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
+    product_at::<R>(level(), x, panel, sums);
+}
+
+/// [`product`] with the vector code of `level` (which the CPU must have).
+#[inline(always)]
+fn product_at<const R: usize>(level: Level, x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
+    // SAFETY: the CPU has the level's features.
     #[cfg(target_arch = "x86_64")]
-    {
-        if use_avx512() {
-            // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { product_avx512::<R>(x, panel, sums) };
-        }
-        if use_avx2() {
-            // SAFETY: as above.
-            return unsafe { product_avx2::<R>(x, panel, sums) };
-        }
+    match level {
+        Level::Avx512 => return unsafe { product_avx512::<R>(x, panel, sums) },
+        Level::Avx2 => return unsafe { product_avx2::<R>(x, panel, sums) },
+        Level::Portable => {}
     }
+    let _ = level;
     product_portable::<R>(x, panel, sums)
 }
 
@@ -206,91 +208,58 @@ fn product_portable<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Ti
     }
 }
 
-/// [`product`] with each row's two block sums in AVX registers: per pair of inputs, two
-/// 16-byte weight loads sign-extended, `R` broadcasts of the pair and `2R` `vpmaddwd`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn product_avx2<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
-    use std::arch::x86_64::{
-        __m128i, __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
-        _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_madd_epi16, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps,
-        _mm256_setzero_ps, _mm256_setzero_si256,
-    };
-    let (blocks, width) = (x.blocks, x.blocks * BLOCK);
-    check_lengths::<R>(x, panel);
-    let (inputs, values) = (x.values.as_ptr(), panel.values.as_ptr());
-    let mut acc: [[__m256; 2]; R] = [[_mm256_setzero_ps(); 2]; R];
-    for b in 0..blocks {
-        let mut block: [[__m256i; 2]; R] = [[_mm256_setzero_si256(); 2]; R];
-        for j in 0..PAIRS {
-            // SAFETY: b < blocks, j < PAIRS and r < R keep every read inside the asserted
-            // lengths: 32 bytes of values per pair, two i16 of each row per pair.
-            unsafe {
-                let pair = values.add((b * PAIRS + j) * 2 * LANES);
-                let low = _mm256_cvtepi8_epi16(_mm_loadu_si128(pair.cast::<__m128i>()));
-                let high = _mm256_cvtepi8_epi16(_mm_loadu_si128(pair.add(LANES).cast::<__m128i>()));
-                for (r, block) in block.iter_mut().enumerate() {
-                    let both = inputs.add(r * width + b * BLOCK + 2 * j).cast::<i32>().read_unaligned();
-                    let both = _mm256_set1_epi32(both);
-                    block[0] = _mm256_add_epi32(block[0], _mm256_madd_epi16(both, low));
-                    block[1] = _mm256_add_epi32(block[1], _mm256_madd_epi16(both, high));
-                }
-            }
-        }
-        // SAFETY: the scales of block b: LANES floats, inside the asserted length.
-        let (scale_low, scale_high) = unsafe {
-            let scales = panel.scales.as_ptr().add(b * LANES);
-            (_mm256_loadu_ps(scales), _mm256_loadu_ps(scales.add(8)))
-        };
-        for (r, (acc, block)) in acc.iter_mut().zip(&block).enumerate() {
-            let row_scale = _mm256_set1_ps(x.scales[r * blocks + b]);
-            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[0]), _mm256_mul_ps(row_scale, scale_low), acc[0]);
-            acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[1]), _mm256_mul_ps(row_scale, scale_high), acc[1]);
-        }
-    }
-    store_tile(&acc, sums);
+    // SAFETY: compiled for AVX2 and FMA.
+    unsafe { product_vector::<Avx2, R>(x, panel, sums) }
 }
 
-/// [`product_avx2`] with a row's block sum in one AVX-512 register: per pair of inputs, one
-/// 32-byte weight load sign-extended, and per row a broadcast and one `vpdpwssd` (the
-/// `vpmaddwd` and the add in one instruction: the same exact integer sums). The float steps
-/// are the AVX2 version's, lane by lane, so the bits are too.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 fn product_avx512<const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
-    use std::arch::x86_64::{
-        __m256i, __m512, __m512i, _mm256_loadu_si256, _mm512_cvtepi8_epi16, _mm512_cvtepi32_ps, _mm512_dpwssd_epi32,
-        _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_setzero_si512, _mm512_storeu_ps,
-    };
+    // SAFETY: compiled for AVX-512 F, BW and VNNI.
+    unsafe { product_vector::<Avx512, R>(x, panel, sums) }
+}
+
+/// [`product`] with each row's block sums in one set of [`Lanes`]: per pair of inputs, one
+/// load of the panel's 32 weights sign-extended, and per row a broadcast of the pair and its
+/// exact integer products added (`vpmaddwd` and an add, or AVX-512 VNNI's `vpdpwssd`); per
+/// block, each row's sums scaled and added in F32, lane by lane as the portable code does.
+///
+/// # Safety
+/// The CPU must have `L`'s features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn product_vector<L: Lanes, const R: usize>(x: Rows<'_>, panel: Panel<'_>, sums: &mut Tile) {
     let (blocks, width) = (x.blocks, x.blocks * BLOCK);
     check_lengths::<R>(x, panel);
     let (inputs, values) = (x.values.as_ptr(), panel.values.as_ptr());
-    let mut acc: [__m512; R] = [_mm512_setzero_ps(); R];
+    // SAFETY (every block below): b < blocks, j < PAIRS and r < R keep every read inside the
+    // checked lengths (32 bytes of weights per pair, two i16 of each row per pair, LANES
+    // scales per block); the caller's features.
+    let mut acc = [unsafe { L::zero() }; R];
     for b in 0..blocks {
-        let mut block: [__m512i; R] = [_mm512_setzero_si512(); R];
+        let mut block = [unsafe { L::zero_int() }; R];
         for j in 0..PAIRS {
-            // SAFETY: as in `product_avx2`: inside the checked lengths.
             unsafe {
-                let pair = values.add((b * PAIRS + j) * 2 * LANES);
-                let weights = _mm512_cvtepi8_epi16(_mm256_loadu_si256(pair.cast::<__m256i>()));
+                let weights = L::widen_pairs(values.add((b * PAIRS + j) * 2 * LANES));
                 for (r, block) in block.iter_mut().enumerate() {
-                    let both = inputs.add(r * width + b * BLOCK + 2 * j).cast::<i32>().read_unaligned();
-                    *block = _mm512_dpwssd_epi32(*block, _mm512_set1_epi32(both), weights);
+                    let pair = inputs.add(r * width + b * BLOCK + 2 * j).cast::<i32>().read_unaligned();
+                    *block = L::dot_pairs(*block, pair, weights);
                 }
             }
         }
-        // SAFETY: the scales of block b: LANES floats, inside the checked length.
-        let scales = unsafe { _mm512_loadu_ps(panel.scales.as_ptr().add(b * LANES)) };
-        for (r, (acc, block)) in acc.iter_mut().zip(&block).enumerate() {
-            let row_scale = _mm512_set1_ps(x.scales[r * blocks + b]);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*block), _mm512_mul_ps(row_scale, scales), *acc);
+        unsafe {
+            let scales = L::load(panel.scales.as_ptr().add(b * LANES));
+            for (r, (acc, block)) in acc.iter_mut().zip(&block).enumerate() {
+                let row_scale = L::splat(x.scales[r * blocks + b]);
+                *acc = L::to_float(*block).mul_add(row_scale.mul(scales), *acc);
+            }
         }
     }
-    for (sums, acc) in sums.iter_mut().zip(&acc) {
-        // SAFETY: each row of `sums` holds LANES = 16 floats.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), *acc) };
-    }
+    // SAFETY: the caller's features.
+    unsafe { store_rows(&acc, sums) };
 }
 
 /// The vector products read `R` rows of `x` and the whole panel unchecked: their lengths,
@@ -310,7 +279,7 @@ fn check_lengths<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::{Level, TILE_ROWS, vector_levels};
+    use crate::kernels::{TILE_ROWS, assert_every_level_agrees};
 
     fn values(count: usize, seed: usize) -> Vec<f32> {
         (0..count).map(|i| ((i * seed) % 1009) as f32 / 1009.0 - 0.5).collect()
@@ -325,20 +294,7 @@ mod tests {
         for p in 0..2 {
             let panel = weights.panel(p);
             fn both<const R: usize>(x: Rows<'_>, panel: Panel<'_>) {
-                let mut plain = Tile::default();
-                product_portable::<R>(x, panel, &mut plain);
-                assert_ne!(plain[0], [0.0; LANES]);
-                #[cfg(target_arch = "x86_64")]
-                for level in vector_levels() {
-                    let mut fast = Tile::default();
-                    // SAFETY: the CPU has the level's features.
-                    match level {
-                        Level::Avx2 => unsafe { product_avx2::<R>(x, panel, &mut fast) },
-                        Level::Avx512 => unsafe { product_avx512::<R>(x, panel, &mut fast) },
-                        Level::Portable => unreachable!(),
-                    }
-                    assert_eq!(fast, plain, "{level:?}, {R} rows");
-                }
+                assert_every_level_agrees(&format!("{R} rows"), |level, sums| product_at::<R>(level, x, panel, sums));
             }
             both::<1>(x.rows(0, 1), panel);
             both::<4>(x.rows(2, 4), panel);

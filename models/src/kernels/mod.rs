@@ -6,12 +6,16 @@
 //! (`f32_panels`), or int8 values with a scale per 32 inputs (`int8_panels`). Both are
 //! multiplied tile by tile through one driver, [`tiles`], which owns the threading and the
 //! order of the output writes. Its parts, and the forward pass's other parallel loops, run
-//! through `parallel`'s fork-join, whose helpers spin between loops.
+//! through `parallel`'s fork-join, whose helpers spin between loops. Their vector code is
+//! written once over `lanes`' sixteen lanes and compiled for AVX2 and AVX-512; `level`
+//! picks one per process.
 
 mod attention;
 mod exp;
 mod f32_panels;
 mod int8_panels;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 mod parallel;
 
 use schemars::JsonSchema;
@@ -95,14 +99,23 @@ fn vector_levels() -> Vec<Level> {
     [Level::Avx2, Level::Avx512].into_iter().filter(|level| *level <= detected()).collect()
 }
 
+/// Runs a product kernel at the portable level and at every vector level this CPU has, and
+/// asserts that they give the same bits (and not only zeros).
+#[cfg(test)]
+fn assert_every_level_agrees(what: &str, product: impl Fn(Level, &mut Tile)) {
+    let mut plain = Tile::default();
+    product(Level::Portable, &mut plain);
+    assert_ne!(plain[0], [0.0; LANES], "{what}");
+    for level in vector_levels() {
+        let mut fast = Tile::default();
+        product(level, &mut fast);
+        assert_eq!(fast, plain, "{level:?}, {what}");
+    }
+}
+
 /// Whether the kernels run at least their AVX2 versions.
 fn use_avx2() -> bool {
     level() >= Level::Avx2
-}
-
-/// Whether the kernels that have AVX-512 versions run them.
-fn use_avx512() -> bool {
-    level() == Level::Avx512
 }
 
 /// How a model's weight matrices are stored and multiplied.
@@ -243,20 +256,6 @@ fn tiles<K: TileKernel>(kernel: &K, rows: usize, outputs: usize, out: &mut [f32]
         }
     };
     parallel::for_each_part(parts, threads, &part);
-}
-
-/// Stores a vector kernel's two accumulators per row into the rows of `sums`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-fn store_tile(acc: &[[std::arch::x86_64::__m256; 2]], sums: &mut Tile) {
-    use std::arch::x86_64::_mm256_storeu_ps;
-    for (sums, acc) in sums.iter_mut().zip(acc) {
-        // SAFETY: each row of `sums` holds LANES = 16 floats.
-        unsafe {
-            _mm256_storeu_ps(sums.as_mut_ptr(), acc[0]);
-            _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[1]);
-        }
-    }
 }
 
 /// A dense layer `y = x Wᵀ + b`.
