@@ -1,6 +1,6 @@
 //! Sixteen lanes, a panel's [`LANES`](super::LANES) columns, in the registers of one
 //! instruction set: two AVX2 registers ([`Avx2`]) or one AVX-512 register ([`Avx512`]). The
-//! vector kernels are written once over [`Lanes`] and compiled for each set by a thin
+//! matrix products and the attention's value sums are written once over [`Lanes`] and compiled for each set by a thin
 //! `#[target_feature]` wrapper that inlines them. Every operation works lane by lane, so the
 //! two sets give the same bits, and a kernel's arithmetic reads as its portable twin's.
 //!
