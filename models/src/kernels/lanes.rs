@@ -1,8 +1,9 @@
 //! Sixteen lanes, a panel's [`LANES`](super::LANES) columns, in the registers of one
 //! instruction set: two AVX2 registers ([`Avx2`]) or one AVX-512 register ([`Avx512`]). The
-//! matrix products and the attention's value sums are written once over [`Lanes`] and compiled for each set by a thin
-//! `#[target_feature]` wrapper that inlines them. Every operation works lane by lane, so the
-//! two sets give the same bits, and a kernel's arithmetic reads as its portable twin's.
+//! matrix products and the attention's value sums are written once over [`Lanes`] and compiled
+//! for each set by a thin `#[target_feature]` wrapper that inlines them. Every operation works
+//! lane by lane, so the two sets give the same bits, and a kernel's arithmetic reads as its
+//! portable twin's.
 //!
 //! The methods are `#[inline(always)]` and unsafe: they compile to their instructions only
 //! inside a function that enables the set's features, which their callers must be.
