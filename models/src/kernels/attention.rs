@@ -361,8 +361,8 @@ fn dot_avx2<T: KvValue>(a: &[f32], b: &[T]) -> f32 {
 }
 
 /// `out[h] = Σ_j weights[h][j] · value_j` for every head `h` (`weights`: `heads × count`): each
-/// sum adds the keys in order, a product and then a sum per key (not fused), with AVX2 where the
-/// CPU has it and the width is whole blocks of 16.
+/// sum adds the keys in order, a product and then a sum per key (not fused), with AVX-512 or
+/// AVX2 where the CPU has it and the width is whole blocks of 16.
 fn weigh_values<T: KvValue>(weights: &[f32], heads: usize, head: KvHead<'_, T>, out: &mut [f32]) {
     weigh_values_at(level(), weights, heads, head, out);
 }

@@ -72,8 +72,17 @@ enum KvLayer {
 }
 
 /// Tokens a cache copied as a prefix has room for before it grows: a turn's new tokens (a
-/// search's results and the next thought) in most agent loops.
+/// search's results and the next thought) in most agent loops. A prefix is taken to be
+/// continued, and one copied to its exact length would be copied again (and its pages faulted
+/// in again) at the first token appended.
 const PREFIX_ROOM: usize = 512;
+
+/// The first `tokens` of `all` (`per_token` numbers each), with room for [`PREFIX_ROOM`] more.
+fn prefix_copy<T: Copy>(all: &[T], tokens: usize, per_token: usize) -> Vec<T> {
+    let mut copy = Vec::with_capacity((tokens + PREFIX_ROOM) * per_token);
+    copy.extend_from_slice(&all[..tokens * per_token]);
+    copy
+}
 
 /// One layer's cached keys and values as `T`.
 #[derive(Clone, Debug, Default)]
@@ -89,18 +98,13 @@ impl<T: KvValue> KvLayerOf<T> {
         T::store(values, &mut self.values);
     }
 
-    /// The first `tokens` of `cached`, with room for [`PREFIX_ROOM`] more: a prefix is taken
-    /// to be continued, and a vector copied to its exact length would be copied again (and its
-    /// pages faulted in again) at the first token appended.
+    /// The first `tokens` of `cached`, with room to grow.
     fn prefix(&self, tokens: usize, cached: usize) -> KvLayerOf<T> {
         let per_token = self.keys.len().checked_div(cached).unwrap_or(0);
-        let numbers = per_token * tokens;
-        let copy = |all: &[T]| {
-            let mut copy = Vec::with_capacity(numbers + per_token * PREFIX_ROOM);
-            copy.extend_from_slice(&all[..numbers]);
-            copy
-        };
-        KvLayerOf { keys: copy(&self.keys), values: copy(&self.values) }
+        KvLayerOf {
+            keys: prefix_copy(&self.keys, tokens, per_token),
+            values: prefix_copy(&self.values, tokens, per_token),
+        }
     }
 
     /// Key-value head `kv_head` over the first `count` tokens.
@@ -150,7 +154,7 @@ impl KvCache {
     pub(crate) fn prefix(&self, len: usize) -> KvCache {
         let len = len.min(self.len);
         let (block_inputs, block_input_width) = match self.block_inputs() {
-            Some(all) => (all[..len * self.block_input_width].to_vec(), self.block_input_width),
+            Some(all) => (prefix_copy(all, len, self.block_input_width), self.block_input_width),
             None => (Vec::new(), 0),
         };
         KvCache {
