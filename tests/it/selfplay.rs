@@ -80,6 +80,10 @@ fn script(context: &str, seed: u64) -> String {
         };
     }
     let question = after_last(context, "Question: ", "<|im_end|>");
+    // A search opened for it by a probe.
+    if response.ends_with("<search>") {
+        return format!("{question} once more</search>");
+    }
     if searched == 0 {
         return format!("<search>{question}</search>");
     }
@@ -947,6 +951,62 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
         .filter(|c| c.rsplit_once("<|im_start|>assistant\n").is_some_and(|(_, r)| r.starts_with("<think>I need the")))
         .count();
     assert_eq!(planned as u64, guided_turns);
+    let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
+    for table in ["verifications", "rollouts", "rewards"] {
+        assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");
+    }
+}
+
+/// `guidance: probe` on every group: each gets one more rollout whose answer tag is taken back
+/// and `<search>` written until it has searched once more than any of its rollouts (the script
+/// answers after one search, or two by seed); the probe writes its query, is recorded guided
+/// with the written tag marked, p̂ ignores it, and a resumed run makes the same probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_search_once_more_than_their_group() {
+    let edits = [(
+        "solve: {kind: solve, after: [verify], n_rollouts: 3}",
+        "solve: {kind: solve, after: [verify], n_rollouts: 2, guidance: probe, guided_groups: all}",
+    )];
+    let (_l, tables) = run_loop(&edits).await;
+    let (mut probes, mut after_two, mut tags) = (0, 0, 0);
+    for (step, rollouts) in &tables["rollouts"] {
+        let flags =
+            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let (items, indices) = (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"));
+        let (hints, responses, sources) =
+            (strings(rollouts, "hint"), strings(rollouts, "response"), strings(rollouts, "source"));
+        let searches = lists(rollouts, "searches");
+        let masks = lists(rollouts, "loss_mask");
+        let p_hat = floats(&tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1, "p_hat");
+        for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
+            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
+            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags.value(j));
+            assert_eq!((own.len(), guided.len()), (2, 1), "step {step}: two rollouts and a probe");
+            let probe = guided[0];
+            assert_eq!(indices[probe], 2);
+            if sources[probe] == "dummy" {
+                // SSP's dummy question holds the answer's tags: the script cannot search it.
+                continue;
+            }
+            let most = own.iter().map(|&j| searches.value(j).len()).max().unwrap();
+            assert_eq!(searches.value(probe).len(), most + 1, "step {step}: {}", responses[probe]);
+            assert_eq!(hints[probe], format!("<search> written until {} searches", most + 1));
+            let mask = masks.value(probe);
+            let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
+            // A tag written (a token per byte) wherever it answered too soon, each followed by
+            // the query it wrote itself; none where it searched as much by itself.
+            let written = mask.iter().filter(|&m| m == Some(2)).count();
+            assert!(written.is_multiple_of("<search>".len()));
+            assert_eq!(responses[probe].matches("once more</search>").count(), written / "<search>".len());
+            tags += written / "<search>".len();
+            assert!(own.iter().all(|&j| !responses[j].contains("once more")));
+            let successes = own.iter().filter(|&&j| p_hat[j].unwrap() > 0.0).count();
+            assert_eq!(p_hat[probe], p_hat[own[0]], "p̂ counts the unguided rollouts only ({successes})");
+            (probes, after_two) = (probes + 1, after_two + usize::from(most == 2));
+        }
+    }
+    assert!(probes > 0 && after_two > 0, "a group that searched twice was probed: {after_two} of {probes}");
+    assert!(tags > 0, "no probe answered too soon: no tag was written");
     let (_b, resumed) = run_loop_interrupted(&edits, Some(2), UsageRule::default()).await;
     for table in ["verifications", "rollouts", "rewards"] {
         assert_eq!(tables[table], resumed[table], "table {table} differs after a resume");

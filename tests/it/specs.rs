@@ -657,6 +657,7 @@ fn guided_groups_and_depths_without_guidance_are_refused() {
         "stages.solve.guided_groups: `all` chooses the groups `guidance` helps",
     );
     learn_accepts(&["stages.solve.guided_groups=all", "stages.solve.guidance=plan"]);
+    learn_accepts(&["stages.solve.guided_groups=all", "stages.solve.guidance=probe"]);
     learn_refuses(
         &["stages.solve.guided_min_hops=3"],
         "stages.solve.guided_min_hops: chooses the questions `guidance` helps",

@@ -76,7 +76,8 @@ pub struct Written {
     pub in_thought: Vec<Option<String>>,
     /// Until the episode has searched this many times, a final tag the model opens is taken
     /// back and `<search>` written in its place, so the model goes on to write a query: a
-    /// proposer asked for four hops that stops walking after two.
+    /// proposer asked for four hops that stops walking after two, or a solver's probe of one
+    /// search more than its group made.
     pub searches: usize,
 }
 

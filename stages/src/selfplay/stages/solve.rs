@@ -12,6 +12,10 @@
 //! rollout keeps the bare prompt and its response opens with a written plan of the question's
 //! chain, which the solver then carries out: the depth a small solver never plans on its own
 //! is written for it, and a success trains the plan (`loss_mask` 2) under the bare prompt.
+//! With `guidance: probe`, the extra rollout searches once more than any of its group did: where
+//! it opens its answer before that, the answer's tag is taken back and `<search>` written in
+//! its place. Nothing about the question is written, so it works on any question, and set
+//! against its group it is a contrast at the depth decision itself.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -94,6 +98,16 @@ pub enum Guidance {
     /// prompt. The plan's tokens are trained as written, the rest as sampled. Questions in the
     /// generated world's grammar only (the chain is read from the question's text).
     Plan,
+    /// One more rollout that searches at least once more than any rollout of its group did:
+    /// where it opens `<answer>` before that, the tag is taken back and `<search>` written in
+    /// its place (trained as written), and the solver writes the query and goes on. It writes
+    /// nothing about the question (any question, any world). Beside its group it shows what one
+    /// more search was worth: a deep question's probe may find the answer the group stopped
+    /// short of, and with `reward.excess_search_cost` a shallow question's probe earns less than
+    /// the rollouts that stopped, so every group with a probe carries a gradient on the
+    /// decision to search again. A group whose rollouts used every search the turn limit allows
+    /// gets none.
+    Probe,
 }
 
 /// What a plan-guided rollout of `question` has written, or `None` when the question is not in
@@ -117,6 +131,8 @@ enum Help {
     Hint(String),
     /// Written into its response.
     Plan(Written),
+    /// A search opened for it until it has made this many.
+    Probe(usize),
 }
 
 impl Help {
@@ -125,6 +141,7 @@ impl Help {
         match self {
             Help::Hint(hint) => hint,
             Help::Plan(written) => written.opening,
+            Help::Probe(searches) => format!("<search> written until {searches} searches"),
         }
     }
 }
@@ -251,13 +268,13 @@ impl Stage for Solve {
         if config.guided_min_hops > 1 && config.guidance == Guidance::None {
             problems.push(ConfigProblem::new(
                 "guided_min_hops",
-                "chooses the questions `guidance` helps, and `guidance` is `none`: set `guidance: plan` or `hint`, or remove the key",
+                "chooses the questions `guidance` helps, and `guidance` is `none`: set `guidance: plan`, `hint` or `probe`, or remove the key",
             ));
         }
         if config.guided_groups == GuidedGroups::All && config.guidance == Guidance::None {
             problems.push(ConfigProblem::new(
                 "guided_groups",
-                "`all` chooses the groups `guidance` helps, and `guidance` is `none`: set `guidance: plan` or `hint`, or remove the key",
+                "`all` chooses the groups `guidance` helps, and `guidance` is `none`: set `guidance: plan`, `hint` or `probe`, or remove the key",
             ));
         }
         if problems.is_empty() { Ok(Solve { config }) } else { Err(problems) }
@@ -371,6 +388,11 @@ impl Stage for Solve {
                 }
                 let help = match self.config.guidance {
                     Guidance::Hint => hint(&paths[i], targets[i]).map(Help::Hint),
+                    Guidance::Probe => {
+                        let most = group.iter().map(|r| r.trajectory.queries().len()).max().unwrap_or(0);
+                        // A search asked for on the last turn is not run.
+                        (most + 1 < selfplay.agent.limits().max_turns).then_some(Help::Probe(most + 1))
+                    }
                     _ => plan(question).map(Help::Plan),
                 };
                 if let Some(help) = help {
@@ -395,6 +417,11 @@ impl Stage for Solve {
                             prompt: render(question, blocks[*k].clone()),
                             seed,
                             written: Some(written.clone()),
+                        },
+                        Help::Probe(searches) => Episode {
+                            prompt: render(question, blocks[*k].clone()),
+                            seed,
+                            written: Some(Written { searches: *searches, ..Written::default() }),
                         },
                     }
                 })
