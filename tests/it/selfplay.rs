@@ -959,8 +959,9 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
 
 /// `guidance: probe` on every group: each gets one more rollout whose answer tag is taken back
 /// and `<search>` written until it has searched once more than any of its rollouts (the script
-/// answers after one search, or two by seed); the probe writes its query, is recorded guided
-/// with the written tag marked, p̂ ignores it, and a resumed run makes the same probes.
+/// answers after one search, or two by seed, and writes no thoughts, so no " Next, the" is
+/// written); the probe writes its query, is recorded guided with the written tag marked, p̂
+/// ignores it, and a resumed run makes the same probes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_search_once_more_than_their_group() {
     let edits = [(
@@ -990,7 +991,7 @@ async fn probes_search_once_more_than_their_group() {
             }
             let most = own.iter().map(|&j| searches.value(j).len()).max().unwrap();
             assert_eq!(searches.value(probe).len(), most + 1, "step {step}: {}", responses[probe]);
-            assert_eq!(hints[probe], format!("<search> written until {} searches", most + 1));
+            assert_eq!(hints[probe], format!("probe: {} searches", most + 1));
             let mask = masks.value(probe);
             let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
             // A tag written (a token per byte) wherever it answered too soon, each followed by

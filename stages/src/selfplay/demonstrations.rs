@@ -193,6 +193,10 @@ pub fn demonstration_skills(questions: &[&Question], share: &SkillShare) -> Vec<
         .collect()
 }
 
+/// How a demonstration's thought goes on to the next hop ("Next, the country of Dunmere."),
+/// which guidance writes where a solver closes its thought instead.
+pub const NEXT_HOP: &str = "Next, the";
+
 /// The first thought of a solver's demonstration: the whole chain from `start` at once ("I
 /// need the birthplace of Orla, then the country of it."), so that how many searches remain is
 /// written where later turns can read it rather than only in the question.
@@ -297,7 +301,7 @@ impl Writer<'_> {
         for ((hop, title), query) in titles.iter().enumerate().zip(queries) {
             let need = match relation(hop) {
                 Some(_) if hop == 0 => plan_thought(title, relations),
-                Some(relation) => format!("Next, the {relation} of {title}."),
+                Some(relation) => format!("{NEXT_HOP} {relation} of {title}."),
                 None => format!("I need to read about {title}."),
             };
             let found = if hop == 0 { String::new() } else { fact_at(hop - 1, title) + " " };
@@ -573,7 +577,7 @@ mod tests {
                             format!("I need the {relation} of {title}{then}.")
                         }
                         _ => format!(
-                            "The {} of {} is {title}. Next, the {relation} of {title}.",
+                            "The {} of {} is {title}. {NEXT_HOP} {relation} of {title}.",
                             relations[hop - 1],
                             titles[hop - 1]
                         ),

@@ -13,8 +13,8 @@
 //! chain, which the solver then carries out: the depth a small solver never plans on its own
 //! is written for it, and a success trains the plan (`loss_mask` 2) under the bare prompt.
 //! With `guidance: probe`, the extra rollout searches once more than any of its group did: where
-//! it opens its answer before that, the answer's tag is taken back and `<search>` written in
-//! its place. Nothing about the question is written, so it works on any question, and set
+//! a thought closes before that, " Next, the" is written into it (and `<search>` in place of an
+//! answer's tag). Nothing about the question is written, so it works on any question, and set
 //! against its group it is a contrast at the depth decision itself.
 
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
 use crate::memory::{SkillEvent, SkillEventKind, UsageRule, events_batch};
 use crate::sections::RetrieveBy;
-use crate::selfplay::demonstrations::plan_thought;
+use crate::selfplay::demonstrations::{NEXT_HOP, plan_thought};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
 use sesa_engine::columns::{Columns, Reader, schema_of};
@@ -99,9 +99,10 @@ pub enum Guidance {
     /// generated world's grammar only (the chain is read from the question's text).
     Plan,
     /// One more rollout that searches at least once more than any rollout of its group did:
-    /// where it opens `<answer>` before that, the tag is taken back and `<search>` written in
-    /// its place (trained as written), and the solver writes the query and goes on. It writes
-    /// nothing about the question (any question, any world). Beside its group it shows what one
+    /// where a thought after a search closes before that, " Next, the" is written into it, and
+    /// where it opens `<answer>` all the same, the tag is taken back and `<search>` written in
+    /// its place (both trained as written); the solver names the next relation, writes the
+    /// query and goes on. It writes nothing about the question (any question, any world). Beside its group it shows what one
     /// more search was worth: a deep question's probe may find the answer the group stopped
     /// short of, and with `reward.excess_search_cost` a shallow question's probe earns less than
     /// the rollouts that stopped, so every group with a probe carries a gradient on the
@@ -120,8 +121,19 @@ pub fn plan(question: &str) -> Option<Written> {
     let (start, relations) = World::read_question(question)?;
     let opening = format!("<think>{}</think>\n", plan_thought(&start, &relations));
     // Turn k has read k results; relation k follows.
-    let in_thought = (0..relations.len()).map(|k| (k > 0).then(|| format!(" Next, the {} of", relations[k]))).collect();
+    let in_thought =
+        (0..relations.len()).map(|k| (k > 0).then(|| format!(" {NEXT_HOP} {} of", relations[k]))).collect();
     Some(Written { opening, in_thought, searches: 0 })
+}
+
+/// What a probe of `searches` searches has written: wherever a thought after a search closes
+/// before that many, the step on to a next hop (" Next, the"), its relation and entity left
+/// to the solver; and where it opens its answer all the same, `<search>` in its place. The tag
+/// alone is not enough: after a thought that has concluded ("The birthplace of X is C."), a
+/// solver sent to search again repeats its last query.
+fn probe(searches: usize) -> Written {
+    let in_thought = (0..searches).map(|turn| (turn > 0).then(|| format!(" {NEXT_HOP}"))).collect();
+    Written { opening: String::new(), in_thought, searches }
 }
 
 /// The help a guided rollout gets.
@@ -141,7 +153,7 @@ impl Help {
         match self {
             Help::Hint(hint) => hint,
             Help::Plan(written) => written.opening,
-            Help::Probe(searches) => format!("<search> written until {searches} searches"),
+            Help::Probe(searches) => format!("probe: {searches} searches"),
         }
     }
 }
@@ -421,7 +433,7 @@ impl Stage for Solve {
                         Help::Probe(searches) => Episode {
                             prompt: render(question, blocks[*k].clone()),
                             seed,
-                            written: Some(Written { searches: *searches, ..Written::default() }),
+                            written: Some(probe(*searches)),
                         },
                     }
                 })
@@ -543,6 +555,14 @@ mod tests {
         let next = |r: &str| Some(format!(" Next, the {r} of"));
         assert_eq!(written.in_thought, [None, next("birthplace"), next("country")]);
         assert!(super::plan("Which entity hides behind the word CODE-x here?").is_none(), "not the world's grammar");
+    }
+
+    #[test]
+    fn a_probe_writes_the_next_hop_into_every_thought_after_a_search_until_it_has_searched_enough() {
+        let written = super::probe(3);
+        assert_eq!(written.searches, 3);
+        assert_eq!(written.opening, "");
+        assert_eq!(written.in_thought, [None, Some(" Next, the".to_string()), Some(" Next, the".to_string())]);
     }
 
     #[test]
