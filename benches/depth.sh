@@ -13,7 +13,8 @@
 # 3. Self-play for STEPS steps (default 6), proposer and solver both trained (LoRA on the top 8
 #    blocks, specs/learn.yaml's `update_method`; the arms of docs/learning.md before
 #    2026-12-07 adapted every block: add --set trainer.update_method=null), SSP's rules, the
-#    proposer asked for two to four hops, invalid proposals replaced from the reuse pool and,
+#    proposer asked for two to four hops and held to them (a search per hop, written where it
+#    stops early, baselines per hop count), invalid proposals replaced from the reuse pool and,
 #    while it is empty (and three a step whatever it holds), by training-world questions of one
 #    to four hops (the solver must meet depth somewhere: this proposer's deep questions rarely
 #    pass the RAG check); two arms

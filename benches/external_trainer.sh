@@ -33,7 +33,7 @@ trap 'rm -rf "$work"' EXIT
 "$sesa" run specs/learn.yaml --store "$work/runs" --set steps=1 --set seed=7 \
   --set stages.warmup=null --set stages.warm_start_eval=null --set stages.eval=null \
   --set 'stages.propose.after=[]' --set "model.model=$model" \
-  --set stages.update.ppo_epochs=2 --set stages.update.mini_batch=16 --set stages.update.proposer_baseline=null \
+  --set stages.update.ppo_epochs=2 --set stages.update.mini_batch=16 --set stages.update.proposer_baseline_per_hops=false \
   --set "stages.update.external={command: [$sesa, train-external, --model, $model], dir: $work/external}" \
   > "$work/run.log" 2>&1 || { tail -30 "$work/run.log"; exit 1; }
 step="$work/external/step-00000001"

@@ -574,8 +574,13 @@ fn mistralrs_with_an_external_trainer_validates_and_a_fleet_is_checked_url_by_ur
 fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let external = "stages.update.external={command: [sh], dir: ext}";
-    let args = ["validate", "specs/learn.yaml", "--set", external, "--set", "stages.update.proposer_baseline=null"];
+    let args = ["validate", "specs/learn.yaml", "--set", external];
     let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
+    let text = String::from_utf8_lossy(&output.stderr);
+    // The spec's per-hop proposer baseline is named for what it is.
+    assert!(text.contains("stages.update.proposer_baseline_per_hops: an external trainer gets the proposer's raw rewards"));
+    let baseline = "stages.update.proposer_baseline_per_hops=false";
+    let output = run_sesa_with(ChildRegistry::Stages, &[&args[..], &["--set", baseline]].concat(), repo);
     assert_eq!(output.status.code(), Some(2));
     let text = String::from_utf8_lossy(&output.stderr);
     assert!(text.contains("stages.update.external: `model:` is also trained in process (`warmup`)"), "{text}");
@@ -607,9 +612,10 @@ fn learn_accepts(sets: &[&str]) {
 /// The proposer has one baseline: a running mean or the per-hop-count means, not both.
 #[test]
 fn two_proposer_baselines_are_refused() {
-    let both = "stages.update.proposer_baseline_per_hops=true";
-    learn_refuses(&[both], "stages.update.proposer_baseline_per_hops: the proposer has one baseline");
-    learn_accepts(&[both, "stages.update.proposer_baseline=null"]);
+    // `specs/learn.yaml` compares each proposal with those asked for as many hops.
+    let running = "stages.update.proposer_baseline={decay: 0.9}";
+    learn_refuses(&[running], "stages.update.proposer_baseline_per_hops: the proposer has one baseline");
+    learn_accepts(&[running, "stages.update.proposer_baseline_per_hops=false"]);
 }
 
 /// `written_weight` is a weight of at most 1 and at least 0, and an external trainer weights

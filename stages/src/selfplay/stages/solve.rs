@@ -126,15 +126,20 @@ pub fn plan(question: &str) -> Option<Written> {
     Some(Written { opening, in_thought, searches: 0 })
 }
 
-/// What a probe of `searches` searches has written: wherever a thought after a search closes
-/// before that many, the step on to a next hop (" Next, the"), its relation and entity left
-/// to the solver; and where it opens its answer all the same, `<search>` in its place. The tag
-/// alone is not enough: after a thought that has concluded ("The birthplace of X is C."), a
-/// solver sent to search again repeats its last query.
+/// What a probe of `searches` searches has written: one more hop opened in the plan of its
+/// first thought (" Then the", where it closes without one), and wherever a later thought
+/// closes before that many searches, the step on to a next hop (" Next, the"), each relation
+/// and entity left to the solver; where it opens its answer all the same, `<search>` in its
+/// place. The tag alone is not enough: after a thought that has concluded ("The birthplace of
+/// X is C."), a solver sent to search again repeats its last query; and a plan of two hops is
+/// carried out as planned, the next hop named after its second relation again.
 fn probe(searches: usize) -> Written {
-    let in_thought = (0..searches).map(|turn| (turn > 0).then(|| format!(" {NEXT_HOP}"))).collect();
-    Written { opening: String::new(), in_thought, searches }
+    let in_thought = (0..searches).map(|turn| Some(format!(" {}", if turn == 0 { PLAN_ONE_MORE } else { NEXT_HOP })));
+    Written { opening: String::new(), in_thought: in_thought.collect(), searches }
 }
+
+/// How a probe opens one more hop in a plan that has closed.
+const PLAN_ONE_MORE: &str = "Then the";
 
 /// The help a guided rollout gets.
 #[derive(Clone)]
@@ -558,11 +563,12 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_writes_the_next_hop_into_every_thought_after_a_search_until_it_has_searched_enough() {
+    fn a_probe_writes_one_more_hop_into_its_plan_and_the_next_hop_into_every_thought_until_it_has_searched_enough() {
         let written = super::probe(3);
         assert_eq!(written.searches, 3);
         assert_eq!(written.opening, "");
-        assert_eq!(written.in_thought, [None, Some(" Next, the".to_string()), Some(" Next, the".to_string())]);
+        let thoughts = [" Then the", " Next, the", " Next, the"].map(|t| Some(t.to_string()));
+        assert_eq!(written.in_thought, thoughts);
     }
 
     #[test]

@@ -290,11 +290,16 @@ impl Stage for Update {
             if external.command.is_empty() {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
             }
-            if config.proposer_baseline.is_some() || config.proposer_baseline_per_hops {
-                problems.push(ConfigProblem::new(
-                    "proposer_baseline",
-                    "an external trainer gets the proposer's raw rewards: apply a baseline there",
-                ));
+            for (key, set) in [
+                ("proposer_baseline", config.proposer_baseline.is_some()),
+                ("proposer_baseline_per_hops", config.proposer_baseline_per_hops),
+            ] {
+                if set {
+                    problems.push(ConfigProblem::new(
+                        key,
+                        "an external trainer gets the proposer's raw rewards: apply a baseline there",
+                    ));
+                }
             }
         }
         if problems.is_empty() { Ok(Update { config }) } else { Err(problems) }
