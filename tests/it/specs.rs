@@ -578,7 +578,9 @@ fn an_external_update_after_an_in_process_warm_start_is_refused_before_the_run()
     let output = run_sesa_with(ChildRegistry::Stages, &args, repo);
     let text = String::from_utf8_lossy(&output.stderr);
     // The spec's per-hop proposer baseline is named for what it is.
-    assert!(text.contains("stages.update.proposer_baseline_per_hops: an external trainer gets the proposer's raw rewards"));
+    assert!(
+        text.contains("stages.update.proposer_baseline_per_hops: an external trainer gets the proposer's raw rewards")
+    );
     let baseline = "stages.update.proposer_baseline_per_hops=false";
     let output = run_sesa_with(ChildRegistry::Stages, &[&args[..], &["--set", baseline]].concat(), repo);
     assert_eq!(output.status.code(), Some(2));

@@ -12,10 +12,11 @@
 //! rollout keeps the bare prompt and its response opens with a written plan of the question's
 //! chain, which the solver then carries out: the depth a small solver never plans on its own
 //! is written for it, and a success trains the plan (`loss_mask` 2) under the bare prompt.
-//! With `guidance: probe`, the extra rollout searches once more than any of its group did: where
-//! a thought closes before that, " Next, the" is written into it (and `<search>` in place of an
-//! answer's tag). Nothing about the question is written, so it works on any question, and set
-//! against its group it is a contrast at the depth decision itself.
+//! With `guidance: probe`, the extra rollout searches once more than any of its group did: one
+//! more hop is opened in its plan (" Then the"), " Next, the" written where a later thought
+//! closes before that, and `<search>` in place of an answer's tag. Nothing about the question
+//! is written, so it works on any question, and set against its group it is meant as a
+//! contrast at the depth decision itself.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -98,16 +99,14 @@ pub enum Guidance {
     /// prompt. The plan's tokens are trained as written, the rest as sampled. Questions in the
     /// generated world's grammar only (the chain is read from the question's text).
     Plan,
-    /// One more rollout that searches at least once more than any rollout of its group did:
-    /// where a thought after a search closes before that, " Next, the" is written into it, and
-    /// where it opens `<answer>` all the same, the tag is taken back and `<search>` written in
-    /// its place (both trained as written); the solver names the next relation, writes the
-    /// query and goes on. It writes nothing about the question (any question, any world). Beside its group it shows what one
-    /// more search was worth: a deep question's probe may find the answer the group stopped
-    /// short of, and with `reward.excess_search_cost` a shallow question's probe earns less than
-    /// the rollouts that stopped, so every group with a probe carries a gradient on the
-    /// decision to search again. A group whose rollouts used every search the turn limit allows
-    /// gets none.
+    /// One more rollout that searches at least once more than any rollout of its group did
+    /// ([`probe`]: one more hop opened in its plan, the next hop opened in later thoughts, and
+    /// `<search>` in place of an early answer, all trained as written); the solver names each
+    /// relation, writes the queries and goes on. It writes nothing about the question (any
+    /// question, any world). Beside its group it shows what one more search was worth: a deep
+    /// question's probe may find the answer the group stopped short of, and with
+    /// `reward.excess_search_cost` a shallow question's probe earns less than the rollouts that
+    /// stopped. A group whose rollouts used every search the turn limit allows gets none.
     Probe,
 }
 
@@ -410,7 +409,7 @@ impl Stage for Solve {
                         // A search asked for on the last turn is not run.
                         (most + 1 < selfplay.agent.limits().max_turns).then_some(Help::Probe(most + 1))
                     }
-                    _ => plan(question).map(Help::Plan),
+                    Guidance::Plan | Guidance::None => plan(question).map(Help::Plan),
                 };
                 if let Some(help) = help {
                     // Rollout numbers go on from the group's own; the first guided one's seed is
