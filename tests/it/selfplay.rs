@@ -275,6 +275,11 @@ fn strings_of(column: &StringArray) -> Vec<String> {
     column.iter().map(|v| v.unwrap_or_default().to_string()).collect()
 }
 
+fn booleans(batch: &RecordBatch, name: &str) -> Vec<bool> {
+    let column = batch.column_by_name(name).unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+    (0..column.len()).map(|i| column.value(i)).collect()
+}
+
 fn unsigned(batch: &RecordBatch, name: &str) -> Vec<u64> {
     batch.column_by_name(name).unwrap().as_any().downcast_ref::<UInt64Array>().unwrap().values().to_vec()
 }
@@ -589,13 +594,12 @@ async fn the_verifier_can_answer_by_searching_the_materials_alone() {
     assert!(read.iter().all(|title| retrieved.contains(title)), "{read:?} beyond {retrieved:?}");
     let (mut accepted, mut rejected) = (0, 0);
     for (_, batch) in &tables["verifications"] {
-        let flags =
-            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(batch, "accepted");
         let (targets, answers, questions) =
             (strings(batch, "target"), strings(batch, "verifier_answer"), strings(batch, "question"));
         for i in (0..batch.num_rows()).filter(|&i| !questions[i].is_empty()) {
             // The scripted solver decodes the question's code word, or answers "nobody".
-            if flags.value(i) {
+            if flags[i] {
                 assert_eq!(answers[i], targets[i]);
                 accepted += 1;
             } else {
@@ -636,11 +640,10 @@ async fn a_planned_verifier_opens_with_the_chain_of_questions_in_the_worlds_gram
     assert!(planned > 0 && unplanned > 0, "{planned} planned and {unplanned} unplanned verifier turns");
     let mut accepted_in_grammar = 0;
     for (_, batch) in &tables["verifications"] {
-        let flags =
-            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(batch, "accepted");
         let (targets, answers, questions) =
             (strings(batch, "target"), strings(batch, "verifier_answer"), strings(batch, "question"));
-        for i in (0..batch.num_rows()).filter(|&i| flags.value(i) && !questions[i].is_empty()) {
+        for i in (0..batch.num_rows()).filter(|&i| flags[i] && !questions[i].is_empty()) {
             assert_eq!(answers[i], targets[i]);
             accepted_in_grammar += usize::from(World::read_question(&questions[i]).is_some());
         }
@@ -699,11 +702,10 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
     let mut checked = 0;
     for (step, batch) in &tables["proposals"] {
         let hops = unsigned(batch, "hops");
-        let valid =
-            batch.column_by_name("valid").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let valid = booleans(batch, "valid");
         for h in hops.iter().collect::<std::collections::BTreeSet<_>>() {
             let rows: Vec<usize> = (0..hops.len()).filter(|&i| hops[i] == *h).collect();
-            let rate = rows.iter().filter(|&&i| valid.value(i)).count() as f64 / rows.len() as f64;
+            let rate = rows.iter().filter(|&&i| valid[i]).count() as f64 / rows.len() as f64;
             assert_eq!(by_step(&format!("valid_rate_h{h}"))[step], rate, "step {step}, {h} hops");
             checked += 1;
         }
@@ -723,9 +725,8 @@ async fn question_sources_and_rates_per_hop_count_are_step_metrics() {
     }
     for (_, batch) in &tables["verifications"] {
         let (requested, hops) = (unsigned(batch, "requested_hops"), unsigned(batch, "hops"));
-        let accepted =
-            batch.column_by_name("accepted").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
-        for i in (0..batch.num_rows()).filter(|&i| accepted.value(i)) {
+        let accepted = booleans(batch, "accepted");
+        for i in (0..batch.num_rows()).filter(|&i| accepted[i]) {
             assert_eq!(hops[i], requested[i]);
         }
     }
@@ -779,8 +780,7 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
     }
     let mut guided = 0;
     for ((step, rollouts), (_, proposals)) in tables["rollouts"].iter().zip(&tables["proposals"]) {
-        let flags =
-            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(rollouts, "guided");
         let (items, indices) = (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"));
         let (sources, prompts, hints) =
             (strings(rollouts, "source"), strings(rollouts, "prompt"), strings(rollouts, "hint"));
@@ -789,7 +789,7 @@ async fn guidance_hints_groups_that_never_succeed_and_only_them() {
         let searches: BTreeMap<u64, String> =
             unsigned(proposals, "item").into_iter().zip(strings(proposals, "target")).collect();
         for i in 0..rollouts.num_rows() {
-            if !flags.value(i) {
+            if !flags[i] {
                 assert!(hints[i].is_empty());
                 continue;
             }
@@ -837,14 +837,13 @@ async fn guided_groups_all_guides_groups_that_succeeded_too() {
     let (_l, tables) = run_loop(&edits).await;
     let (mut guided_after_success, mut proposed) = (0, 0);
     for (step, rollouts) in &tables["rollouts"] {
-        let flags =
-            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(rollouts, "guided");
         let (items, sources) = (unsigned(rollouts, "item"), strings(rollouts, "source"));
         let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
         let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
         for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
             let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
-            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags.value(j));
+            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags[j]);
             assert_eq!(own.len(), 2);
             let successes = own.iter().filter(|&&j| reward[j].unwrap() > 0.0).count();
             if sources[group[0]] == "proposed" {
@@ -887,8 +886,7 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
     let (lp, tables) = run_loop(&edits).await;
     let (mut guided, mut guided_turns, mut shallow_unguided, mut guided_at_bound) = (0, 0, 0, 0);
     for (step, rollouts) in &tables["rollouts"] {
-        let flags =
-            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(rollouts, "guided");
         let masks = lists(rollouts, "loss_mask");
         let (items, indices, turns) =
             (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"), unsigned(rollouts, "turns"));
@@ -904,13 +902,13 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
             let mask = masks.value(i);
             let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
             let hops = World::read_question(&questions[i]).map(|(_, relations)| relations.len());
-            if !flags.value(i) {
+            if !flags[i] {
                 assert!(hints[i].is_empty());
                 assert!(mask.iter().all(|m| m != Some(2)), "only a guided rollout has written tokens");
                 // The first rollout of a one-hop group that failed throughout: left unguided.
                 let group = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i]);
                 if hops == Some(1) && indices[i] == 0 && group.clone().all(|j| reward[j] == Some(0.0)) {
-                    assert!(group.clone().all(|j| !flags.value(j)), "step {step}: a one-hop group was guided");
+                    assert!(group.clone().all(|j| !flags[j]), "step {step}: a one-hop group was guided");
                     shallow_unguided += 1;
                 }
                 continue;
@@ -919,10 +917,9 @@ async fn guidance_plans_the_chain_of_questions_that_never_succeed() {
             guided_at_bound += usize::from(hops == Some(2));
             (guided, guided_turns) = (guided + 1, guided_turns + turns[i]);
             assert!([2, 3].contains(&indices[i]), "two more rollouts after the group's two");
-            let companions = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && flags.value(j) && j != i);
+            let companions = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && flags[j] && j != i);
             assert_eq!(companions.map(|j| indices[j]).collect::<Vec<_>>(), [5 - indices[i]]);
-            let group: Vec<usize> =
-                (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && !flags.value(j)).collect();
+            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == items[i] && !flags[j]).collect();
             assert_eq!(group.len(), 2);
             assert!(
                 group.iter().all(|&j| reward[j] == Some(0.0)),
@@ -971,8 +968,7 @@ async fn probes_search_once_more_than_their_group() {
     let (_l, tables) = run_loop(&edits).await;
     let (mut probes, mut after_two, mut tags) = (0, 0, 0);
     for (step, rollouts) in &tables["rollouts"] {
-        let flags =
-            rollouts.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(rollouts, "guided");
         let (items, indices) = (unsigned(rollouts, "item"), unsigned(rollouts, "rollout"));
         let (hints, responses, sources) =
             (strings(rollouts, "hint"), strings(rollouts, "response"), strings(rollouts, "source"));
@@ -981,7 +977,7 @@ async fn probes_search_once_more_than_their_group() {
         let p_hat = floats(&tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1, "p_hat");
         for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
             let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
-            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags.value(j));
+            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags[j]);
             assert_eq!((own.len(), guided.len()), (2, 1), "step {step}: two rollouts and a probe");
             let probe = guided[0];
             assert_eq!(indices[probe], 2);
@@ -1027,19 +1023,17 @@ async fn proposer_guidance_opens_the_searches_a_proposal_owes() {
         let (targets, responses) = (strings(proposals, "target"), strings(proposals, "response"));
         let (written, searches, masks) =
             (unsigned(proposals, "written_searches"), lists(proposals, "searches"), lists(proposals, "loss_mask"));
-        let flags =
-            proposals.column_by_name("guided").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
-        let valid =
-            proposals.column_by_name("valid").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+        let flags = booleans(proposals, "guided");
+        let valid = booleans(proposals, "valid");
         for i in 0..proposals.num_rows() {
-            assert_eq!((written[i], flags.value(i)), (1, true), "step {step}: {}", responses[i]);
+            assert_eq!((written[i], flags[i]), (1, true), "step {step}: {}", responses[i]);
             assert_eq!(searches.value(i).len(), 3, "{}", responses[i]);
             assert!(responses[i].contains(&format!("<search>{} once more</search>", targets[i])));
             let mask = masks.value(i);
             let mask = mask.as_any().downcast_ref::<UInt32Array>().unwrap();
             assert_eq!(mask.iter().filter(|&m| m == Some(2)).count(), "<search>".len(), "a token per byte");
             // Three distinct searches: only the targets that leak themselves are invalid.
-            assert_eq!(valid.value(i), targets[i].len() % 2 == 0, "{}", targets[i]);
+            assert_eq!(valid[i], targets[i].len() % 2 == 0, "{}", targets[i]);
             checked += 1;
         }
     }
@@ -1154,16 +1148,16 @@ async fn evaluation_with_a_judge_counts_its_verdicts_as_accuracy() {
     let evals = read_table(&root, run.id(), "evals").await.unwrap();
     let batch = &evals[0].1;
     assert_eq!(batch.num_rows(), 6, "a sample of six");
-    let judged = batch.column_by_name("judged").unwrap().as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+    let judged = booleans(batch, "judged");
     let accuracy = floats(batch, "accuracy");
     let ems = floats(batch, "em");
     let mut verdicts = 0;
     for (i, question) in strings(batch, "question").iter().enumerate() {
         // The scripted solver answers "nobody" to world questions: every answer misses exactly.
         assert_eq!(ems[i], Some(0.0));
-        assert_eq!(judged.value(i), question.len().is_multiple_of(2), "{question}");
-        assert_eq!(accuracy[i], Some(f64::from(u8::from(judged.value(i)))));
-        verdicts += usize::from(judged.value(i));
+        assert_eq!(judged[i], question.len().is_multiple_of(2), "{question}");
+        assert_eq!(accuracy[i], Some(f64::from(u8::from(judged[i]))));
+        verdicts += usize::from(judged[i]);
     }
     assert!(verdicts > 0 && verdicts < 6, "the judge said both: {verdicts}");
     let metrics = read_table(&root, run.id(), "step_metrics").await.unwrap();
