@@ -273,33 +273,22 @@ impl Stage for Update {
         }
         if let Some(external) = &config.external {
             // Per-token weights an external trainer, which gets one advantage per sequence and
-            // the `loss_mask`, cannot be told.
-            for (key, set, why) in [
-                ("misstep_penalty", config.credits_missteps(), "gets one advantage per sequence"),
-                ("written_sft", config.credits_written(), "weights written tokens itself (their `loss_mask` is 2)"),
-                (
-                    "written_weight",
-                    config.written_weight != 1.0,
-                    "weights written tokens itself (their `loss_mask` is 2)",
-                ),
+            // the `loss_mask`, cannot be told; and it gets the proposer's rewards as they are.
+            let (remove, written) = ("remove the key", "weights written tokens itself (their `loss_mask` is 2)");
+            let (raw, baseline) = ("gets the proposer's raw rewards", "apply a baseline there");
+            for (key, set, why, fix) in [
+                ("misstep_penalty", config.credits_missteps(), "gets one advantage per sequence", remove),
+                ("written_sft", config.credits_written(), written, remove),
+                ("written_weight", config.written_weight != 1.0, written, remove),
+                ("proposer_baseline", config.proposer_baseline.is_some(), raw, baseline),
+                ("proposer_baseline_per_hops", config.proposer_baseline_per_hops, raw, baseline),
             ] {
                 if set {
-                    problems.push(ConfigProblem::new(key, format!("an external trainer {why}: remove the key")));
+                    problems.push(ConfigProblem::new(key, format!("an external trainer {why}: {fix}")));
                 }
             }
             if external.command.is_empty() {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
-            }
-            for (key, set) in [
-                ("proposer_baseline", config.proposer_baseline.is_some()),
-                ("proposer_baseline_per_hops", config.proposer_baseline_per_hops),
-            ] {
-                if set {
-                    problems.push(ConfigProblem::new(
-                        key,
-                        "an external trainer gets the proposer's raw rewards: apply a baseline there",
-                    ));
-                }
             }
         }
         if problems.is_empty() { Ok(Update { config }) } else { Err(problems) }
