@@ -280,6 +280,12 @@ fn booleans(batch: &RecordBatch, name: &str) -> Vec<bool> {
     (0..column.len()).map(|i| column.value(i)).collect()
 }
 
+/// A step's rollouts by question, in item order: each group's guided rows and its own.
+fn groups(items: &[u64], guided: &[bool]) -> Vec<(Vec<usize>, Vec<usize>)> {
+    let questions: std::collections::BTreeSet<u64> = items.iter().copied().collect();
+    questions.into_iter().map(|item| (0..items.len()).filter(|&j| items[j] == item).partition(|&j| guided[j])).collect()
+}
+
 fn unsigned(batch: &RecordBatch, name: &str) -> Vec<u64> {
     batch.column_by_name(name).unwrap().as_any().downcast_ref::<UInt64Array>().unwrap().values().to_vec()
 }
@@ -841,17 +847,15 @@ async fn guided_groups_all_guides_groups_that_succeeded_too() {
         let (items, sources) = (unsigned(rollouts, "item"), strings(rollouts, "source"));
         let rewards = &tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1;
         let (reward, p_hat) = (floats(rewards, "reward"), floats(rewards, "p_hat"));
-        for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
-            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
-            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags[j]);
+        for (guided, own) in groups(&items, &flags) {
             assert_eq!(own.len(), 2);
             let successes = own.iter().filter(|&&j| reward[j].unwrap() > 0.0).count();
-            if sources[group[0]] == "proposed" {
+            if sources[own[0]] == "proposed" {
                 proposed += 1;
                 assert_eq!(guided.len(), 1, "step {step}: every proposed question's group is guided once");
                 guided_after_success += usize::from(successes > 0);
             }
-            for &j in &group {
+            for &j in own.iter().chain(&guided) {
                 assert_eq!(p_hat[j], Some(successes as f64 / 2.0), "p̂ counts the unguided rollouts only");
             }
         }
@@ -975,9 +979,7 @@ async fn probes_search_once_more_than_their_group() {
         let searches = lists(rollouts, "searches");
         let masks = lists(rollouts, "loss_mask");
         let p_hat = floats(&tables["rewards"].iter().find(|(s, _)| s == step).unwrap().1, "p_hat");
-        for item in items.iter().collect::<std::collections::BTreeSet<_>>() {
-            let group: Vec<usize> = (0..rollouts.num_rows()).filter(|&j| items[j] == *item).collect();
-            let (guided, own): (Vec<usize>, Vec<usize>) = group.iter().partition(|&&j| flags[j]);
+        for (guided, own) in groups(&items, &flags) {
             assert_eq!((own.len(), guided.len()), (2, 1), "step {step}: two rollouts and a probe");
             let probe = guided[0];
             assert_eq!(indices[probe], 2);
