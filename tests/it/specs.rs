@@ -656,6 +656,34 @@ fn a_negative_token_credit_or_one_with_an_external_trainer_is_refused() {
     }
 }
 
+/// `update.replay` trains demonstrations of the roles the update trains, at a positive weight,
+/// in process: each refusal names its key; the warm start's own demonstrations are accepted.
+#[test]
+fn a_replay_the_update_cannot_train_is_refused() {
+    let replay = |roles: &str, per_step: usize, weight: f64| {
+        format!(
+            "stages.update.replay={{world: {{questions: data/world-train/questions.jsonl, max_hops: 2, roles: [{roles}]}}, \
+             per_step: {per_step}, weight: {weight}}}"
+        )
+    };
+    learn_accepts(&[&replay("solver", 24, 1.0)]);
+    learn_refuses(&[&replay("solver", 24, 0.0)], "stages.update.replay.weight: 0 is no positive weight");
+    learn_refuses(&[&replay("solver", 0, 1.0)], "stages.update.replay.per_step:");
+    learn_refuses(&[&replay("judge", 24, 1.0)], "stages.update.replay.world.roles: `judge` is neither");
+    learn_refuses(
+        &[&replay("proposer", 24, 1.0), "stages.update.roles=[solver]"],
+        "stages.update.replay.world.roles: `proposer` is replayed but not trained",
+    );
+    learn_refuses(
+        &[
+            &replay("solver", 24, 1.0),
+            "stages.update.external={command: [sh], dir: ext}",
+            "stages.update.proposer_baseline_per_hops=false",
+        ],
+        "stages.update.replay: an external trainer gets the step's trajectories only",
+    );
+}
+
 /// `guided_groups` and `guided_min_hops` pick the groups `guidance` helps: without guidance they
 /// would do nothing.
 #[test]

@@ -96,6 +96,7 @@ stages:
     after: [reward]
     optimizer: {{lr: 1.0e-3}}
     keep_every: 2
+    replay: {{world: {{questions: {d}/world/questions.jsonl, roles: [solver], held_out: 10, limit: 8}}, per_step: 2, weight: 0.5}}
   evaluate:
     kind: evaluate
     after: [update]
@@ -170,6 +171,14 @@ fn run_reference(dir: &Path, spec: &str) -> (RunTables, Duration, PathBuf) {
 /// The batch `writer` wrote into table `name` at `step`.
 fn written<'a>(tables: &'a RunTables, name: &str, step: u64, writer: &str) -> &'a RecordBatch {
     &tables[&(name.to_string(), step, format!("{writer}.parquet"))]
+}
+
+/// The value of `metric` that `writer` wrote into `step_metrics` at `step`, if it wrote one.
+fn step_metric(tables: &RunTables, step: u64, writer: &str, metric: &str) -> Option<f64> {
+    let batch = written(tables, "step_metrics", step, writer);
+    let values = batch.column_by_name("value").unwrap();
+    let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().unwrap();
+    strings(batch, "metric").iter().position(|m| m == metric).map(|at| values.value(at))
 }
 
 /// Runs `spec` into `store` and kills it after `delay`: its run and whether it had completed,
@@ -262,6 +271,12 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
             roles.as_any().downcast_ref::<arrow_array::StringArray>().unwrap().iter().flatten().collect();
         assert_eq!(roles, ["proposer", "solver"], "step {step}");
         let rollouts = &reference[&("rollouts".to_string(), step, "solve.parquet".to_string())];
+        // Two of the warm start's solver demonstrations replayed beside the step's rollouts.
+        let sequences = updates.column_by_name("sequences").unwrap();
+        let sequences = sequences.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
+        assert_eq!(sequences.value(1), rollouts.num_rows() as u64 + 2, "step {step}");
+        assert_eq!(step_metric(&reference, step, "update", "solver_replayed"), Some(2.0), "step {step}");
+        assert_eq!(step_metric(&reference, step, "update", "proposer_replayed"), None, "step {step}");
         let made_by = rollouts.column_by_name("policy_version").unwrap();
         let made_by = made_by.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
         assert!(made_by.iter().all(|v| v == Some(step)), "step {step}: {made_by:?}");
@@ -628,13 +643,7 @@ fn the_proposer_is_shown_more_targets_than_the_solver_with_its_own_limit() {
     );
     let spec = write(dir.path(), "limit.yaml", &text);
     let (tables, _, _) = run_reference(dir.path(), spec.to_str().unwrap());
-    let count = |writer: &str, metric: &str| {
-        let batch = written(&tables, "step_metrics", 1, writer);
-        let values = batch.column_by_name("value").unwrap();
-        let values = values.as_any().downcast_ref::<arrow_array::Float64Array>().unwrap();
-        let at = strings(batch, "metric").iter().position(|m| m == metric).unwrap();
-        values.value(at) as usize
-    };
+    let count = |writer: &str, metric: &str| step_metric(&tables, 1, writer, metric).unwrap() as usize;
     let (solver, proposer) = (count("same", "solver_demonstrations"), count("same", "proposer_demonstrations"));
     assert!(solver <= 3 && proposer <= 3, "{solver} and {proposer} demonstrations of 3 questions");
     assert_eq!(count("more", "solver_demonstrations"), solver, "the solver keeps its limit");
@@ -656,6 +665,8 @@ fn sesa_as_an_external_trainer_trains_a_proposer_model_apart() {
         &dir.path().join("trainer.sh"),
         &["train-external", "--model", &format!("{d}/tiny"), "--proposer-model", &format!("{d}/tiny-proposer")],
     );
+    // An external trainer gets the step's trajectories only: no replay.
+    let text: String = text.lines().filter(|l| !l.starts_with("    replay:")).map(|l| format!("{l}\n")).collect();
     let text = text.replace("after: [warmup]", "after: []").replace(
         "    keep_every: 2\n",
         &format!("    external: {{command: [sh, {}], dir: {d}/external}}\n", trainer.display()),

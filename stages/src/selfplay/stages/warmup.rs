@@ -163,66 +163,98 @@ pub fn train_steps_table() -> TableSpec {
     TableSpec::new("train_steps", schema_of(|| train_steps_batch("", &[])))
 }
 
+impl WorldDemonstrations {
+    /// What is wrong with it, its keys under `at` (`world`).
+    pub(super) fn problems(&self, at: &str) -> Vec<ConfigProblem> {
+        let mut problems = Vec::new();
+        for role in &self.roles {
+            if role != "solver" && role != "proposer" {
+                problems.push(ConfigProblem::new(
+                    format!("{at}.roles"),
+                    format!("`{role}` is neither `solver` nor `proposer`"),
+                ));
+            }
+        }
+        if let Some(problem) = self.skills.as_ref().and_then(SkillShare::problem) {
+            problems.push(ConfigProblem::new(format!("{at}.skills"), problem));
+        }
+        problems
+    }
+
+    /// Its questions file must exist (its key under `at`).
+    pub(super) fn requirement(&self, at: &str) -> Requirement {
+        Requirement::path(
+            format!("{at}.questions"),
+            &self.questions,
+            "name a generated world's `questions.jsonl` (a `world:` section generates it on first use, as does \
+             `sesa world generate`)",
+        )
+    }
+
+    /// Writes the demonstrations (searching the run's search tool), each tokenized by the
+    /// policy of the role it demonstrates.
+    pub(super) async fn write(&self, selfplay: &SelfPlay) -> Result<Vec<Demonstration>, StageError> {
+        let mut demonstrations = Vec::new();
+        let questions = load_questions(&self.questions).map_err(|e| StageError::Failed(e.to_string()))?;
+        let trainable = questions.len().saturating_sub(self.held_out);
+        let used = self.limit.unwrap_or(usize::MAX).min(trainable);
+        let proposed = self.proposer_limit.or(self.limit).unwrap_or(usize::MAX).min(trainable);
+        // Each role's demonstrations are tokenized by the policy that plays it.
+        let writer = |role| Writer {
+            policy: selfplay.policy_of(role).as_ref(),
+            search: selfplay.search.as_ref(),
+            top_k: selfplay.top_k,
+        };
+        let (solver_writer, proposer_writer) = (writer(Role::Solver), writer(Role::Proposer));
+        let wants = |role: &str| self.roles.iter().any(|r| r == role);
+        let proposer =
+            if wants("proposer") { Some(Templates::require(&selfplay.templates.proposer, "proposer")?) } else { None };
+        let within = |limit: Option<u8>, q: &Question| limit.is_none_or(|m| q.supporting_titles.len() <= m as usize);
+        let proposer_hops = self.proposer_max_hops.or(self.max_hops);
+        let solved: Vec<&Question> =
+            questions[..used].iter().filter(|q| wants("solver") && within(self.max_hops, q)).collect();
+        let blocks = match &self.skills {
+            Some(share) => demonstration_skills(&solved, share),
+            None => vec![String::new(); solved.len()],
+        };
+        for (question, skills) in solved.iter().zip(&blocks) {
+            let template = &selfplay.templates.solver;
+            demonstrations.extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
+        }
+        // A generated world's facts let the proposer's walk back go wherever its searches
+        // lead; the world is regenerated from the stamp beside its questions (only when the
+        // proposer is demonstrated).
+        let graph = proposer.and_then(|_| World::holding(&self.questions));
+        let mut targets = HashSet::new();
+        for question in &questions[..proposed] {
+            let Some(template) = proposer.filter(|_| within(proposer_hops, question)) else { continue };
+            let Some(answer) = question.golden_answers.first() else { continue };
+            let hops = question.supporting_titles.len();
+            // One demonstration per target: the same walk through the world would write the
+            // same one again.
+            if graph.is_some() && !targets.insert((answer, hops)) {
+                continue;
+            }
+            let walk: &dyn WalkBack = match &graph {
+                Some(world) => world,
+                None => question,
+            };
+            demonstrations.extend(
+                proposer_writer
+                    .proposer(template, &self.rules, answer, hops, walk, self.proposer_facts)
+                    .await
+                    .map_err(StageError::Failed)?,
+            );
+        }
+        Ok(demonstrations)
+    }
+}
+
 impl Warmup {
     async fn demonstrations(&self, selfplay: &SelfPlay) -> Result<Vec<Demonstration>, StageError> {
         let mut demonstrations = Vec::new();
         if let Some(world) = &self.config.world {
-            let questions = load_questions(&world.questions).map_err(|e| StageError::Failed(e.to_string()))?;
-            let trainable = questions.len().saturating_sub(world.held_out);
-            let used = world.limit.unwrap_or(usize::MAX).min(trainable);
-            let proposed = world.proposer_limit.or(world.limit).unwrap_or(usize::MAX).min(trainable);
-            // Each role's demonstrations are tokenized by the policy that plays it.
-            let writer = |role| Writer {
-                policy: selfplay.policy_of(role).as_ref(),
-                search: selfplay.search.as_ref(),
-                top_k: selfplay.top_k,
-            };
-            let (solver_writer, proposer_writer) = (writer(Role::Solver), writer(Role::Proposer));
-            let wants = |role: &str| world.roles.iter().any(|r| r == role);
-            let proposer = if wants("proposer") {
-                Some(Templates::require(&selfplay.templates.proposer, "proposer")?)
-            } else {
-                None
-            };
-            let within =
-                |limit: Option<u8>, q: &Question| limit.is_none_or(|m| q.supporting_titles.len() <= m as usize);
-            let proposer_hops = world.proposer_max_hops.or(world.max_hops);
-            let solved: Vec<&Question> =
-                questions[..used].iter().filter(|q| wants("solver") && within(world.max_hops, q)).collect();
-            let blocks = match &world.skills {
-                Some(share) => demonstration_skills(&solved, share),
-                None => vec![String::new(); solved.len()],
-            };
-            for (question, skills) in solved.iter().zip(&blocks) {
-                let template = &selfplay.templates.solver;
-                demonstrations
-                    .extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
-            }
-            // A generated world's facts let the proposer's walk back go wherever its searches
-            // lead; the world is regenerated from the stamp beside its questions (only when the
-            // proposer is demonstrated).
-            let graph = proposer.and_then(|_| World::holding(&world.questions));
-            let mut targets = HashSet::new();
-            for question in &questions[..proposed] {
-                let Some(template) = proposer.filter(|_| within(proposer_hops, question)) else { continue };
-                let Some(answer) = question.golden_answers.first() else { continue };
-                let hops = question.supporting_titles.len();
-                // One demonstration per target: the same walk through the world would write the
-                // same one again.
-                if graph.is_some() && !targets.insert((answer, hops)) {
-                    continue;
-                }
-                let walk: &dyn WalkBack = match &graph {
-                    Some(world) => world,
-                    None => question,
-                };
-                demonstrations.extend(
-                    proposer_writer
-                        .proposer(template, &world.rules, answer, hops, walk, world.proposer_facts)
-                        .await
-                        .map_err(StageError::Failed)?,
-                );
-            }
+            demonstrations = world.write(selfplay).await?;
         }
         if let Some(file) = &self.config.file {
             demonstrations.extend(read_user_demonstrations(file).map_err(StageError::Failed)?);
@@ -346,15 +378,7 @@ impl Stage for Warmup {
             problems
                 .push(ConfigProblem::new("world", "give `world:` or `file:` (or both): there is nothing to train on"));
         }
-        for role in config.world.iter().flat_map(|w| &w.roles) {
-            if role != "solver" && role != "proposer" {
-                problems
-                    .push(ConfigProblem::new("world.roles", format!("`{role}` is neither `solver` nor `proposer`")));
-            }
-        }
-        if let Some(problem) = config.world.as_ref().and_then(|w| w.skills.as_ref()).and_then(SkillShare::problem) {
-            problems.push(ConfigProblem::new("world.skills", problem));
-        }
+        problems.extend(config.world.iter().flat_map(|w| w.problems("world")));
         if let Some(every) = config.keep_every {
             problems.extend(ConfigProblem::size("keep_every", every, 1..=u64::MAX));
         }
@@ -375,14 +399,7 @@ impl Stage for Warmup {
     }
 
     fn requirements(&self) -> Vec<Requirement> {
-        let world = self.config.world.iter().map(|world| {
-            Requirement::path(
-                "world.questions",
-                &world.questions,
-                "name a generated world's `questions.jsonl` (a `world:` section generates it on first use, as does \
-                 `sesa world generate`)",
-            )
-        });
+        let world = self.config.world.iter().map(|world| world.requirement("world"));
         let file = self.config.file.iter().map(|file| {
             Requirement::path(
                 "file",

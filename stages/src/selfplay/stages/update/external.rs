@@ -458,6 +458,7 @@ pub fn train_with_sesa(
         written_sft: 0.0,
         keep_every: None,
         served_block_inputs: false,
+        replay: None,
         external: None,
     };
     let plan = super::in_process::Plan {
@@ -565,7 +566,7 @@ impl Update {
             serve_ms: elapsed_ms(serving),
             checkpoint_ms: 0.0,
         };
-        Ok(Outcome { rows, published, versions, train_ms, timings: None })
+        Ok(Outcome { rows, published, versions, train_ms, timings: None, replayed: Vec::new() })
     }
 }
 

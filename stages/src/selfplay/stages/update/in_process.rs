@@ -299,12 +299,22 @@ impl Update {
             Some(p) => &mut states[p].proposer_baseline,
             None => &mut no_baseline,
         };
-        let batches = match self.batches(inputs, baseline) {
+        let mut batches = match self.batches(inputs, baseline) {
             Ok(batches) => batches,
             Err(e) => {
                 put_back(states).await;
                 return Err(e);
             }
+        };
+        let replayed = match &self.config.replay {
+            None => Vec::new(),
+            Some(replay) => match self.replayed.get_async(replay.world.write(selfplay)).await {
+                Ok(demonstrations) => replay.add(cx, &demonstrations, &mut batches),
+                Err(e) => {
+                    put_back(states).await;
+                    return Err(e);
+                }
+            },
         };
         if lack_token_ids(&batches) {
             put_back(states).await;
@@ -358,7 +368,14 @@ impl Update {
             published.push(made);
             training.put(state).await;
         }
-        Ok(Outcome { rows, published: Published::merge(published)?, versions, train_ms, timings: Some(timings) })
+        Ok(Outcome {
+            rows,
+            published: Published::merge(published)?,
+            versions,
+            train_ms,
+            timings: Some(timings),
+            replayed,
+        })
     }
 }
 
@@ -448,6 +465,7 @@ mod tests {
             written_sft: 0.0,
             keep_every: None,
             served_block_inputs: false,
+            replay: None,
             external: None,
         }
     }

@@ -13,6 +13,7 @@
 mod batch;
 mod external;
 mod in_process;
+mod replay;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,12 +28,14 @@ use self::batch::{RoleBatch, proposer_batch, solver_batch};
 use self::external::ExternalTrainer;
 pub use self::external::{ExternalCheckpoint, train_with_sesa};
 use self::in_process::Timings;
+pub use self::replay::Replay;
 use super::propose::Propose;
 use super::reward::Reward;
 use super::solve::Solve;
-use super::{elapsed_ms, failed, metrics_batch, metrics_table, role_named};
+use super::{LoadOnce, elapsed_ms, failed, metrics_batch, metrics_table, role_named};
 use crate::agent::Role;
 use crate::selfplay::SelfPlay;
+use crate::selfplay::demonstrations::Demonstration;
 use crate::selfplay::training::{Published, TrainedModel, checkpoints_table, policy_versions_table};
 use sesa_engine::columns::{Columns, schema_of};
 use sesa_models::train::{ClippedObjective, OptimizerConfig};
@@ -117,6 +120,12 @@ pub struct UpdateConfig {
     /// did. False: the trainer runs every block itself in F32. In-process training only.
     #[serde(default = "super::yes")]
     pub served_block_inputs: bool,
+    /// Demonstrations trained beside each step's trajectories (InstructGPT's PPO-ptx), so that
+    /// what the warm start taught and RL does not reward on its own (a one-hop question's
+    /// one-clause plan and single search) is held while written plans teach depth. In-process
+    /// training only.
+    #[serde(default)]
+    pub replay: Option<Replay>,
     /// Hands each step's batch to an external trainer (verl, OpenRLHF on a GPU cluster)
     /// instead of training in process; see the README's "External trainer".
     #[serde(default)]
@@ -153,11 +162,14 @@ struct Outcome {
     train_ms: f64,
     /// Where in-process training's time went (an external trainer reports its own).
     timings: Option<Timings>,
+    /// Demonstrations replayed per role (`replay`).
+    replayed: Vec<(&'static str, usize)>,
 }
 
 /// The RL update.
 pub struct Update {
     config: UpdateConfig,
+    replayed: LoadOnce<Vec<Demonstration>>,
 }
 
 /// A row of `updates`: one optimizer step of one role (or a role with nothing to learn).
@@ -271,6 +283,9 @@ impl Stage for Update {
                 problems.push(ConfigProblem::new(key, format!("must be a number ≥ 0, got {value} (0 turns it off)")));
             }
         }
+        if let Some(replay) = &config.replay {
+            problems.extend(replay.problems(&config.roles));
+        }
         if let Some(external) = &config.external {
             // Per-token weights an external trainer, which gets one advantage per sequence and
             // the `loss_mask`, cannot be told; and it gets the proposer's rewards as they are.
@@ -282,6 +297,12 @@ impl Stage for Update {
                 ("written_weight", config.written_weight != 1.0, written, remove),
                 ("proposer_baseline", config.proposer_baseline.is_some(), raw, baseline),
                 ("proposer_baseline_per_hops", config.proposer_baseline_per_hops, raw, baseline),
+                (
+                    "replay",
+                    config.replay.is_some(),
+                    "gets the step's trajectories only",
+                    "replay there, or remove the key",
+                ),
             ] {
                 if set {
                     problems.push(ConfigProblem::new(key, format!("an external trainer {why}: {fix}")));
@@ -291,7 +312,7 @@ impl Stage for Update {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
             }
         }
-        if problems.is_empty() { Ok(Update { config }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Update { config, replayed: LoadOnce::default() }) } else { Err(problems) }
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
@@ -314,10 +335,11 @@ impl Stage for Update {
     }
 
     fn requirements(&self) -> Vec<Requirement> {
+        let mut requirements: Vec<Requirement> =
+            self.config.replay.iter().map(|replay| replay.world.requirement("replay.world")).collect();
         let Some(external) = &self.config.external else {
-            return Vec::new();
+            return requirements;
         };
-        let mut requirements = Vec::new();
         if let Some(program) = external.command.first() {
             requirements.push(Requirement::program(
                 "external.command",
@@ -368,6 +390,9 @@ impl Stage for Update {
             metrics.push((format!("{role}_entropy"), summary.entropy));
             metrics.push((format!("{role}_logprob_gap"), summary.logprob_gap));
             metrics.push((format!("{role}_groups_without_signal"), first.groups_without_signal as f64));
+        }
+        for (role, replayed) in &outcome.replayed {
+            metrics.push((format!("{role}_replayed"), *replayed as f64));
         }
         let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
         metrics.push(("tokens".into(), tokens as f64));
