@@ -670,6 +670,7 @@ fn a_replay_the_update_cannot_train_is_refused() {
     learn_refuses(&[&replay("solver", 24, 0.0)], "stages.update.replay.weight: 0 is no positive weight");
     learn_refuses(&[&replay("solver", 0, 1.0)], "stages.update.replay.per_step:");
     learn_refuses(&[&replay("judge", 24, 1.0)], "stages.update.replay.world.roles: `judge` is neither");
+    learn_refuses(&[&replay("", 24, 1.0)], "stages.update.replay.world.roles: name `solver`, `proposer` or both");
     learn_refuses(
         &[&replay("proposer", 24, 1.0), "stages.update.roles=[solver]"],
         "stages.update.replay.world.roles: `proposer` is replayed but not trained",

@@ -277,6 +277,8 @@ fn a_training_run_killed_anywhere_resumes_to_the_same_tables_and_weights() {
         assert_eq!(sequences.value(1), rollouts.num_rows() as u64 + 2, "step {step}");
         assert_eq!(step_metric(&reference, step, "update", "solver_replayed"), Some(2.0), "step {step}");
         assert_eq!(step_metric(&reference, step, "update", "proposer_replayed"), None, "step {step}");
+        let nll = step_metric(&reference, step, "update", "solver_replay_nll").unwrap();
+        assert!(nll > 0.0 && nll.is_finite(), "step {step}: the demonstrations' −log p {nll}");
         let made_by = rollouts.column_by_name("policy_version").unwrap();
         let made_by = made_by.as_any().downcast_ref::<arrow_array::UInt64Array>().unwrap();
         assert!(made_by.iter().all(|v| v == Some(step)), "step {step}: {made_by:?}");

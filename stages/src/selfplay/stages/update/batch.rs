@@ -38,6 +38,9 @@ pub(super) struct Sample {
     /// The last turn that misjudged the question's depth (`rewards.missteps`), filled only when
     /// the update credits missteps (`misstep_penalty` above 0).
     pub last_misstep: Option<u32>,
+    /// A demonstration replayed beside the step's trajectories (`update.replay`), outside
+    /// every group, with no sampling log-probabilities (`exact` false).
+    pub replayed: bool,
 }
 
 /// `loss_mask` of a token written rather than sampled: trained on, with no sampling
@@ -179,6 +182,7 @@ pub(super) fn read_samples(
             policy_version: versions[i],
             guided: false,
             last_misstep: None,
+            replayed: false,
         })
         .collect())
 }
@@ -303,6 +307,7 @@ mod tests {
             policy_version: 0,
             guided,
             last_misstep,
+            replayed: false,
         }
     }
 

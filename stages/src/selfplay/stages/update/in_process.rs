@@ -26,15 +26,20 @@ fn gap(trainer: &[f32], serving: &[f32], sum: &mut f64, max: &mut f64, count: &m
     }
 }
 
-/// Splits `0..n` into contiguous mini-batches of at most `size` (near-equal lengths).
-pub(super) fn split(n: usize, size: Option<usize>) -> Vec<std::ops::Range<usize>> {
-    let parts = n.div_ceil(size.unwrap_or(n).max(1)).max(1);
+/// Splits `0..n` into contiguous mini-batches of near-equal lengths: as many as `trajectories`
+/// of them (replayed demonstrations, spread among them, not counted) take at `size` each.
+fn split(n: usize, trajectories: usize, size: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let parts = trajectories.div_ceil(size.unwrap_or(trajectories).max(1)).max(1);
     (0..parts).map(|p| p * n / parts..(p + 1) * n / parts).filter(|r| !r.is_empty()).collect()
 }
 
 /// Optimizer steps an update of `batches` takes: the learning-rate schedule's length per step.
 pub(super) fn optimizer_steps(batches: &[RoleBatch], config: &UpdateConfig) -> u64 {
-    batches.iter().map(|b| (split(b.samples.len(), config.mini_batch).len() * config.ppo_epochs) as u64).sum()
+    let steps = |b: &RoleBatch| {
+        let trajectories = b.samples.iter().filter(|s| !s.replayed).count();
+        split(b.samples.len(), trajectories, config.mini_batch).len() * config.ppo_epochs
+    };
+    batches.iter().map(|b| steps(b) as u64).sum()
 }
 
 /// Where an update's time went, in milliseconds: the step metrics that say which part to cut.
@@ -138,7 +143,7 @@ pub(super) fn update_role(
     let misstep: Vec<Option<Vec<bool>>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
-    let mini_batches = split(sequences.len(), config.mini_batch);
+    let mini_batches = split(sequences.len(), samples.iter().filter(|s| !s.replayed).count(), config.mini_batch);
     let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
     let with_kl = config.loss.kl_coef > 0.0;
     // The reference policy: a model of its own (full fine-tuning), or the base weights under
@@ -187,7 +192,16 @@ pub(super) fn update_role(
             let chunk = &sequences[range.clone()];
             let scored: usize = chunk.iter().map(|s| s.positions().len()).sum();
             let weight = 1.0 / scored.max(1) as f64;
-            let (mut pg, mut kl, mut clipped, mut entropy) = (0.0, 0.0, 0usize, 0.0);
+            // Entropy and clipping describe the sampled trajectories; the replayed
+            // demonstrations' mean −log p says how far the policy has moved from them.
+            let replayed_tokens: usize = chunk
+                .iter()
+                .zip(&samples[range.clone()])
+                .filter(|(_, s)| s.replayed)
+                .map(|(q, _)| q.positions().len())
+                .sum();
+            let sampled_tokens = scored - replayed_tokens;
+            let (mut pg, mut kl, mut clipped, mut entropy, mut replay_nll) = (0.0, 0.0, 0usize, 0.0, 0.0);
             let report = state
                 .trainer
                 .step(
@@ -222,8 +236,12 @@ pub(super) fn update_role(
                                 value += terms.loss * weight;
                                 pg += terms.policy * weight;
                                 kl += terms.kl * weight;
-                                clipped += usize::from(terms.clipped);
-                                entropy -= f64::from(current[t]) * weight;
+                                if samples[i].replayed {
+                                    replay_nll -= f64::from(current[t]);
+                                } else {
+                                    clipped += usize::from(terms.clipped);
+                                    entropy -= f64::from(current[t]);
+                                }
                                 (terms.derivative * weight) as f32
                             })
                             .collect();
@@ -246,8 +264,9 @@ pub(super) fn update_role(
                 loss: report.micro_batches.iter().map(|m| m.loss).sum(),
                 pg_loss: pg,
                 kl,
-                clip_fraction: clipped as f64 * weight,
-                entropy,
+                clip_fraction: clipped as f64 / sampled_tokens.max(1) as f64,
+                entropy: entropy / sampled_tokens.max(1) as f64,
+                replay_nll: replay_nll / replayed_tokens.max(1) as f64,
                 grad_norm: report.grad_norm,
                 lr: report.lr,
                 wall_ms: elapsed_ms(clock),
@@ -275,6 +294,11 @@ impl Update {
     ) -> Result<Outcome, StageError> {
         let roles = [(Role::Proposer, "proposer"), (Role::Solver, "solver")];
         let trainings = by_training(cx, selfplay, Self::KIND, roles.into_iter().filter(|(_, name)| self.trains(name)))?;
+        // Written (searched, tokenized) before any trainer is taken.
+        let demonstrations = match &self.config.replay {
+            Some(replay) => Some(self.demonstrations.get_async(replay.write(selfplay)).await?),
+            None => None,
+        };
         let mut states = Vec::new();
         for (training, _) in &trainings {
             let mut state = training.take().await?;
@@ -306,16 +330,6 @@ impl Update {
                 return Err(e);
             }
         };
-        let replayed = match &self.config.replay {
-            None => Vec::new(),
-            Some(replay) => match self.replayed.get_async(replay.world.write(selfplay)).await {
-                Ok(demonstrations) => replay.add(cx, &demonstrations, &mut batches),
-                Err(e) => {
-                    put_back(states).await;
-                    return Err(e);
-                }
-            },
-        };
         if lack_token_ids(&batches) {
             put_back(states).await;
             return Err(failed(
@@ -323,6 +337,10 @@ impl Update {
                 "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
             ));
         }
+        let replayed = match (&self.config.replay, &demonstrations) {
+            (Some(replay), Some(demonstrations)) => replay.add(cx, demonstrations, &mut batches),
+            _ => Vec::new(),
+        };
         // Each trainer's batches, and its schedule's length if every step's were this step's.
         let (mut work, mut rest): (Vec<(Vec<RoleBatch>, u64)>, Vec<RoleBatch>) = (Vec::new(), batches);
         for (_, roles) in &trainings {
@@ -440,6 +458,7 @@ mod tests {
                     policy_version: 0,
                     guided: false,
                     last_misstep: None,
+                    replayed: false,
                 }
             })
             .collect();
@@ -563,6 +582,28 @@ mod tests {
         // on the written tokens alone.
         assert_eq!(pg(0.0, 1.0, 0.0), (0.0, false));
         assert!(close(pg(0.0, 1.0, 0.5), -4.0 * 0.5 / 7.0));
+    }
+
+    /// A replayed demonstration beside a rollout whose group had no signal: at ratio 1 its seven
+    /// tokens' surrogate is −weight each, averaged with the rollout's seven at 0; it joins the
+    /// rollout's one mini-batch rather than making its own, and entropy and clipping describe
+    /// the rollout alone.
+    #[test]
+    fn a_replayed_demonstration_is_trained_at_its_weight_beside_the_rollouts() {
+        let mut batch = batch(&[0.0, 0.5]);
+        let replayed = &mut batch.samples[1];
+        (replayed.replayed, replayed.exact, replayed.logprobs) = (true, false, Vec::new());
+        let config = config(1, Some(1));
+        let plan = Plan { config: &config, temperature: 1.0, total_lr_steps: 10, serving: None };
+        let mut state = state();
+        let before = state.trainer.model.weights.clone();
+        let nll: Vec<f64> = totals(&state, &batch).iter().map(|&total| -f64::from(total) / 7.0).collect();
+        let rows = update_role(&mut state, &batch, &plan, &mut Timings::default()).unwrap();
+        assert_eq!(rows.iter().map(|r| (r.optimizer_step, r.sequences)).collect::<Vec<_>>(), [(1, 2)]);
+        assert!((rows[0].pg_loss - -0.5 * 7.0 / 14.0).abs() < 1e-9, "{}", rows[0].pg_loss);
+        assert!(state.trainer.model.weights != before);
+        assert!((rows[0].entropy - nll[0]).abs() < 1e-5, "{} against {}", rows[0].entropy, nll[0]);
+        assert!((rows[0].replay_nll - nll[1]).abs() < 1e-5, "{} against {}", rows[0].replay_nll, nll[1]);
     }
 
     #[test]

@@ -169,7 +169,8 @@ struct Outcome {
 /// The RL update.
 pub struct Update {
     config: UpdateConfig,
-    replayed: LoadOnce<Vec<Demonstration>>,
+    /// `replay`'s demonstrations, written on first use.
+    demonstrations: LoadOnce<Vec<Demonstration>>,
 }
 
 /// A row of `updates`: one optimizer step of one role (or a role with nothing to learn).
@@ -187,6 +188,8 @@ pub(super) struct UpdateRow {
     kl: f64,
     clip_fraction: f64,
     entropy: f64,
+    /// Mean −log p of the replayed demonstrations' tokens (0 without them).
+    replay_nll: f64,
     grad_norm: f64,
     lr: f64,
     groups: u64,
@@ -211,6 +214,7 @@ fn updates_batch(rows: &[UpdateRow]) -> Result<RecordBatch, ArrowError> {
         .f64("kl", rows.iter().map(|r| r.kl))
         .f64("clip_fraction", rows.iter().map(|r| r.clip_fraction))
         .f64("entropy", rows.iter().map(|r| r.entropy))
+        .f64("replay_nll", rows.iter().map(|r| r.replay_nll))
         .f64("grad_norm", rows.iter().map(|r| r.grad_norm))
         .f64("lr", rows.iter().map(|r| r.lr))
         .u64("groups", rows.iter().map(|r| r.groups))
@@ -312,7 +316,7 @@ impl Stage for Update {
                 problems.push(ConfigProblem::new("external.command", "name the trainer's program"));
             }
         }
-        if problems.is_empty() { Ok(Update { config, replayed: LoadOnce::default() }) } else { Err(problems) }
+        if problems.is_empty() { Ok(Update { config, demonstrations: LoadOnce::default() }) } else { Err(problems) }
     }
 
     fn inputs(&self) -> Vec<TableSpec> {
@@ -393,6 +397,9 @@ impl Stage for Update {
         }
         for (role, replayed) in &outcome.replayed {
             metrics.push((format!("{role}_replayed"), *replayed as f64));
+            let trained: Vec<f64> =
+                rows.iter().filter(|r| r.role == *role && r.optimizer_step > 0).map(|r| r.replay_nll).collect();
+            metrics.push((format!("{role}_replay_nll"), super::mean(trained.iter().copied())));
         }
         let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
         metrics.push(("tokens".into(), tokens as f64));

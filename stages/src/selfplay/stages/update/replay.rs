@@ -5,10 +5,12 @@
 use rand::seq::index;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use sesa_engine::{ConfigProblem, StageContext};
+use sesa_engine::{ConfigProblem, StageContext, StageError};
 
 use super::batch::{RoleBatch, Sample};
+use crate::selfplay::SelfPlay;
 use crate::selfplay::demonstrations::Demonstration;
+use crate::selfplay::stages::failed;
 use crate::selfplay::stages::warmup::WorldDemonstrations;
 
 /// The config of `update.replay`.
@@ -16,14 +18,15 @@ use crate::selfplay::stages::warmup::WorldDemonstrations;
 #[serde(deny_unknown_fields)]
 pub struct Replay {
     /// The demonstrations, written as `warmup` writes a world's (the same keys: a YAML anchor
-    /// on the warm start's `world:` replays its own demonstrations). Written once per process.
+    /// on the warm start's `world:` replays its own demonstrations, and keeps its `held_out`
+    /// questions out). Written once per process.
     pub world: WorldDemonstrations,
-    /// Demonstrations drawn each step for each trained role, without replacement, by the
+    /// Demonstrations drawn each step for each replayed role, without replacement, by the
     /// step's seed (all of a role's when it has fewer).
     pub per_step: usize,
     /// The advantage of every replayed token: each is trained as a demonstration at this
     /// weight beside the rollouts' tokens (whose advantages are about ±1), in the same
-    /// optimizer step and the same per-token mean.
+    /// per-token mean; they are spread over the role's mini-batches.
     pub weight: f64,
 }
 
@@ -38,7 +41,11 @@ impl Replay {
                 format!("{} is no positive weight: give the replayed tokens' advantage, such as 1", self.weight),
             ));
         }
-        for role in self.world.roles.iter().filter(|role| !trained.contains(role)) {
+        if self.world.roles.is_empty() {
+            problems.push(ConfigProblem::new("replay.world.roles", "name `solver`, `proposer` or both"));
+        }
+        let known = |role: &&String| *role == "solver" || *role == "proposer";
+        for role in self.world.roles.iter().filter(known).filter(|role| !trained.contains(role)) {
             problems.push(ConfigProblem::new(
                 "replay.world.roles",
                 format!("`{role}` is replayed but not trained: add it to `roles` or leave it out here"),
@@ -47,7 +54,27 @@ impl Replay {
         problems
     }
 
-    /// Adds to each replayed role's batch its demonstrations drawn for this step; returns how
+    /// Writes the demonstrations; an error when a replayed role gets none (its questions all
+    /// filtered out or missing a search), which would otherwise replay nothing every step.
+    pub(super) async fn write(&self, selfplay: &SelfPlay) -> Result<Vec<Demonstration>, StageError> {
+        let in_replay = |e: StageError| failed("update", format!("replay.world: {e}"));
+        let demonstrations = self.world.write(selfplay).await.map_err(in_replay)?;
+        for role in &self.world.roles {
+            if !demonstrations.iter().any(|d| d.role == role) {
+                return Err(failed(
+                    "update",
+                    format!(
+                        "replay.world wrote no {role} demonstrations: widen its `limit` or `max_hops`, or leave \
+                         `{role}` out of its `roles`"
+                    ),
+                ));
+            }
+        }
+        Ok(demonstrations)
+    }
+
+    /// Adds to each replayed role's batch its demonstrations drawn for this step, spread
+    /// evenly among its trajectories (so that each mini-batch holds its share); returns how
     /// many each got.
     pub(super) fn add(
         &self,
@@ -56,29 +83,44 @@ impl Replay {
         batches: &mut [RoleBatch],
     ) -> Vec<(&'static str, usize)> {
         let mut added = Vec::new();
-        for (stream, batch) in batches.iter_mut().enumerate() {
+        for batch in batches.iter_mut() {
             if !self.world.roles.iter().any(|role| role == batch.role) {
                 continue;
             }
             let pool: Vec<&Demonstration> = demonstrations.iter().filter(|d| d.role == batch.role).collect();
-            let drawn =
-                index::sample(&mut cx.rng(REPLAY_STREAM + stream as u64), pool.len(), self.per_step.min(pool.len()));
-            let mut drawn = drawn.into_vec();
+            // One stream per role, whichever roles the update trains.
+            let stream = REPLAY_STREAM + u64::from(batch.role == "solver");
+            let mut drawn = index::sample(&mut cx.rng(stream), pool.len(), self.per_step.min(pool.len())).into_vec();
             drawn.sort_unstable();
-            batch.samples.extend(drawn.iter().map(|&i| replayed(pool[i], self.weight)));
-            added.push((batch.role, drawn.len()));
+            let replayed: Vec<Sample> = drawn.iter().map(|&i| replay_sample(pool[i], self.weight)).collect();
+            added.push((batch.role, replayed.len()));
+            batch.samples = interleave(std::mem::take(&mut batch.samples), replayed);
         }
         added
     }
 }
 
-/// Seed streams of the update's draws (items of the step's seed), apart from any other use.
+/// The update's draw from the step's seed, an item number no other draw of the stage uses.
 const REPLAY_STREAM: u64 = 1 << 40;
 
+/// `rest` placed evenly among `items`: the j-th of k after item ⌊(j + 1)·n / (k + 1)⌋.
+fn interleave<T>(items: Vec<T>, rest: Vec<T>) -> Vec<T> {
+    let (n, k) = (items.len(), rest.len());
+    let mut out = Vec::with_capacity(n + k);
+    let mut rest = rest.into_iter().enumerate().peekable();
+    for (i, item) in items.into_iter().enumerate() {
+        while let Some((_, next)) = rest.next_if(|(j, _)| (j + 1) * n / (k + 1) <= i) {
+            out.push(next);
+        }
+        out.push(item);
+    }
+    out.extend(rest.map(|(_, next)| next));
+    out
+}
+
 /// A demonstration as a trajectory to learn from: its prompt the tokens before the first
-/// trained one, every trained token at advantage `weight`, in a group of its own. It has no
-/// sampling log-probabilities (`exact` false), so none are compared or corrected by.
-fn replayed(demonstration: &Demonstration, weight: f64) -> Sample {
+/// trained one, every trained token at advantage `weight`.
+fn replay_sample(demonstration: &Demonstration, weight: f64) -> Sample {
     let sequence = &demonstration.sequence;
     let first = sequence.mask.iter().position(|&m| m != 0).unwrap_or(sequence.tokens.len());
     Sample {
@@ -95,6 +137,7 @@ fn replayed(demonstration: &Demonstration, weight: f64) -> Sample {
         policy_version: 0,
         guided: false,
         last_misstep: None,
+        replayed: true,
     }
 }
 
@@ -107,12 +150,19 @@ mod tests {
     fn a_replayed_demonstration_trains_the_tokens_it_was_written_to_train() {
         let sequence = TrainSequence::new(vec![5, 6, 7, 8, 9, 10], vec![0, 0, 1, 1, 0, 1]);
         let demonstration = Demonstration { role: "solver", hops: 1, sequence: sequence.clone() };
-        let sample = replayed(&demonstration, 0.5);
-        let again = sample.sequence().unwrap();
-        assert_eq!((again.tokens, again.mask), (sequence.tokens, sequence.mask));
-        assert_eq!(sample.advantage, 0.5);
+        let sample = replay_sample(&demonstration, 0.5);
         let trained = sample.sequence().unwrap();
+        assert_eq!((&trained.tokens, &trained.mask), (&sequence.tokens, &sequence.mask));
+        assert_eq!((sample.advantage, sample.replayed), (0.5, true));
         assert!(sample.serving_at(&trained).is_empty(), "no sampling log-probabilities to compare with");
         assert!(sample.guided_at(&trained).is_none() && sample.misstep_at(&trained).is_none());
+    }
+
+    #[test]
+    fn replayed_samples_are_spread_among_the_trajectories() {
+        assert_eq!(interleave(vec![1, 2, 3, 4, 5, 6], vec![10, 20]), [1, 2, 10, 3, 4, 20, 5, 6]);
+        assert_eq!(interleave(vec![1, 2], vec![10, 20, 30]), [10, 1, 20, 30, 2]);
+        assert_eq!(interleave(Vec::new(), vec![10, 20]), [10, 20]);
+        assert_eq!(interleave(vec![1, 2], Vec::new()), [1, 2]);
     }
 }
