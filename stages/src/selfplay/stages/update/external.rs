@@ -161,6 +161,9 @@ pub struct RoleMetrics {
     pub tokens: u64,
     pub logprob_gap: f64,
     pub logprob_gap_max: f64,
+    /// In-process only (`replay`, which an external trainer is refused): not in `result.json`.
+    #[serde(skip)]
+    pub replay_nll: f64,
 }
 
 impl RoleMetrics {
@@ -177,6 +180,7 @@ impl RoleMetrics {
             kl: average(|r| r.kl),
             clip_fraction: average(|r| r.clip_fraction),
             entropy: average(|r| r.entropy),
+            replay_nll: average(|r| r.replay_nll),
             grad_norm: average(|r| r.grad_norm),
             lr: average(|r| r.lr),
             tokens: rows.iter().map(|r| r.tokens).sum(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sesa_engine::{Stage, StageContext, StageError, Tables};
 
-use super::batch::{RoleBatch, lack_token_ids};
+use super::batch::{RoleBatch, Sample, lack_token_ids};
 use super::{Outcome, Update, UpdateConfig, UpdateRow};
 use crate::agent::Role;
 use crate::selfplay::SelfPlay;
@@ -33,13 +33,15 @@ fn split(n: usize, trajectories: usize, size: Option<usize>) -> Vec<std::ops::Ra
     (0..parts).map(|p| p * n / parts..(p + 1) * n / parts).filter(|r| !r.is_empty()).collect()
 }
 
+/// How many of `samples` are the step's own trajectories, not replayed demonstrations.
+fn trajectories<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> usize {
+    samples.into_iter().filter(|s| !s.replayed).count()
+}
+
 /// Optimizer steps an update of `batches` takes: the learning-rate schedule's length per step.
 pub(super) fn optimizer_steps(batches: &[RoleBatch], config: &UpdateConfig) -> u64 {
-    let steps = |b: &RoleBatch| {
-        let trajectories = b.samples.iter().filter(|s| !s.replayed).count();
-        split(b.samples.len(), trajectories, config.mini_batch).len() * config.ppo_epochs
-    };
-    batches.iter().map(|b| steps(b) as u64).sum()
+    let steps = |b: &RoleBatch| split(b.samples.len(), trajectories(&b.samples), config.mini_batch).len();
+    batches.iter().map(|b| (steps(b) * config.ppo_epochs) as u64).sum()
 }
 
 /// Where an update's time went, in milliseconds: the step metrics that say which part to cut.
@@ -143,7 +145,7 @@ pub(super) fn update_role(
     let misstep: Vec<Option<Vec<bool>>> = samples.iter().zip(&sequences).map(|(s, q)| s.misstep_at(q)).collect();
     let sequences = &sequences;
     let budget = state.trainer.micro_batch_tokens;
-    let mini_batches = split(sequences.len(), samples.iter().filter(|s| !s.replayed).count(), config.mini_batch);
+    let mini_batches = split(sequences.len(), trajectories(samples.iter().copied()), config.mini_batch);
     let fused = config.ppo_epochs == 1 && mini_batches.len() == 1;
     let with_kl = config.loss.kl_coef > 0.0;
     // The reference policy: a model of its own (full fine-tuning), or the base weights under
@@ -190,17 +192,15 @@ pub(super) fn update_role(
         for (m, range) in mini_batches.iter().cloned().enumerate() {
             let clock = Instant::now();
             let chunk = &sequences[range.clone()];
-            let scored: usize = chunk.iter().map(|s| s.positions().len()).sum();
-            let weight = 1.0 / scored.max(1) as f64;
             // Entropy and clipping describe the sampled trajectories; the replayed
             // demonstrations' mean −log p says how far the policy has moved from them.
-            let replayed_tokens: usize = chunk
-                .iter()
-                .zip(&samples[range.clone()])
-                .filter(|(_, s)| s.replayed)
-                .map(|(q, _)| q.positions().len())
-                .sum();
-            let sampled_tokens = scored - replayed_tokens;
+            let (mut sampled_tokens, mut replayed_tokens) = (0usize, 0usize);
+            for (sequence, sample) in chunk.iter().zip(&samples[range.clone()]) {
+                let count = if sample.replayed { &mut replayed_tokens } else { &mut sampled_tokens };
+                *count += sequence.positions().len();
+            }
+            let scored = sampled_tokens + replayed_tokens;
+            let weight = 1.0 / scored.max(1) as f64;
             let (mut pg, mut kl, mut clipped, mut entropy, mut replay_nll) = (0.0, 0.0, 0usize, 0.0, 0.0);
             let report = state
                 .trainer
@@ -295,8 +295,8 @@ impl Update {
         let roles = [(Role::Proposer, "proposer"), (Role::Solver, "solver")];
         let trainings = by_training(cx, selfplay, Self::KIND, roles.into_iter().filter(|(_, name)| self.trains(name)))?;
         // Written (searched, tokenized) before any trainer is taken.
-        let demonstrations = match &self.config.replay {
-            Some(replay) => Some(self.demonstrations.get_async(replay.write(selfplay)).await?),
+        let replay = match &self.config.replay {
+            Some(replay) => Some((replay, self.demonstrations.get_async(replay.write(selfplay)).await?)),
             None => None,
         };
         let mut states = Vec::new();
@@ -337,10 +337,8 @@ impl Update {
                 "no trajectory has token ids: the policy backend records none (in-process training needs `candle`)",
             ));
         }
-        let replayed = match (&self.config.replay, &demonstrations) {
-            (Some(replay), Some(demonstrations)) => replay.add(cx, demonstrations, &mut batches),
-            _ => Vec::new(),
-        };
+        let replayed =
+            replay.map_or_else(Vec::new, |(replay, demonstrations)| replay.add(cx, &demonstrations, &mut batches));
         // Each trainer's batches, and its schedule's length if every step's were this step's.
         let (mut work, mut rest): (Vec<(Vec<RoleBatch>, u64)>, Vec<RoleBatch>) = (Vec::new(), batches);
         for (_, roles) in &trainings {

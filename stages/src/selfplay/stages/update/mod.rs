@@ -394,12 +394,10 @@ impl Stage for Update {
             metrics.push((format!("{role}_entropy"), summary.entropy));
             metrics.push((format!("{role}_logprob_gap"), summary.logprob_gap));
             metrics.push((format!("{role}_groups_without_signal"), first.groups_without_signal as f64));
-        }
-        for (role, replayed) in &outcome.replayed {
-            metrics.push((format!("{role}_replayed"), *replayed as f64));
-            let trained: Vec<f64> =
-                rows.iter().filter(|r| r.role == *role && r.optimizer_step > 0).map(|r| r.replay_nll).collect();
-            metrics.push((format!("{role}_replay_nll"), super::mean(trained.iter().copied())));
+            if let Some((_, replayed)) = outcome.replayed.iter().find(|(replayed_role, _)| *replayed_role == role) {
+                metrics.push((format!("{role}_replayed"), *replayed as f64));
+                metrics.push((format!("{role}_replay_nll"), summary.replay_nll));
+            }
         }
         let tokens: u64 = rows.iter().map(|r| r.tokens).sum();
         metrics.push(("tokens".into(), tokens as f64));
