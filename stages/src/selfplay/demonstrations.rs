@@ -193,6 +193,28 @@ pub fn demonstration_skills(questions: &[&Question], share: &SkillShare) -> Vec<
         .collect()
 }
 
+/// What a solver demonstration's thoughts say before each search.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SolverThoughts {
+    /// The whole chain at the first search ("I need the birthplace of Orla, then the country
+    /// of it."), then the fact each search read and the next hop ("The birthplace of Orla is
+    /// Mibri. Next, the country of Mibri."). The plans that `solve.guidance: plan` writes
+    /// are in this form.
+    #[default]
+    Plan,
+    /// The question that remains before each search, the entity found last in place of the
+    /// hops it resolved ("Now: In which country is the city where Orla was born?", then "Now:
+    /// In which country is Mibri?"): every step reads a question one hop shorter than the
+    /// last, so a question deeper than any demonstration is a chain of steps each seen in
+    /// them (least-to-most decomposition). Questions the world's grammar does not write (a
+    /// dataset's own) keep the plan.
+    Remaining,
+}
+
+/// How a [`SolverThoughts::Remaining`] thought opens.
+pub const REMAINING: &str = "Now:";
+
 /// How a demonstration's thought goes on to the next hop ("Next, the country of Dunmere."),
 /// which guidance writes where a solver closes its thought instead.
 pub const NEXT_HOP: &str = "Next, the";
@@ -205,6 +227,20 @@ pub fn plan_thought(start: &str, relations: &[impl AsRef<str>]) -> String {
     let first = relations.next().unwrap_or_default();
     let then: String = relations.map(|r| format!(", then the {r} of it")).collect();
     format!("I need the {first} of {start}{then}.")
+}
+
+/// The question that remains before each hop of `question`'s chain, in the world's grammar
+/// (the first is the question itself), or `None` when the grammar does not write the question
+/// from its chain.
+fn remaining_questions(question: &Question) -> Option<Vec<String>> {
+    let (titles, relations) = (&question.supporting_titles, &question.supporting_relations);
+    if relations.len() != titles.len() {
+        return None;
+    }
+    let relations: Vec<&str> = relations.iter().map(String::as_str).collect();
+    let remaining: Vec<String> =
+        (0..titles.len()).map(|hop| World::compose_question(&titles[hop], &relations[hop..])).collect::<Option<_>>()?;
+    (remaining.first() == Some(&question.question)).then_some(remaining)
 }
 
 /// A fact as the demonstrations' thoughts state it: "The country of Orla is Veltria." when
@@ -283,12 +319,17 @@ impl Writer<'_> {
         template: &PromptTemplate,
         question: &Question,
         skills: &str,
+        thoughts: SolverThoughts,
     ) -> Result<Option<Demonstration>, String> {
         let Some(answer) = question.golden_answers.first() else { return Ok(None) };
         let titles = &question.supporting_titles;
         if titles.is_empty() {
             return Ok(None);
         }
+        let remaining = match thoughts {
+            SolverThoughts::Remaining => remaining_questions(question),
+            SolverThoughts::Plan => None,
+        };
         let relation = |hop: usize| question.supporting_relations.get(hop);
         let fact_at = |hop: usize, object: &str| fact(&titles[hop], relation(hop).map(String::as_str), object);
         let prompt = self.policy.render_chat(
@@ -299,12 +340,14 @@ impl Writer<'_> {
         let relations = &question.supporting_relations;
         let queries = chain_searches(question);
         for ((hop, title), query) in titles.iter().enumerate().zip(queries) {
-            let need = match relation(hop) {
-                Some(_) if hop == 0 => plan_thought(title, relations),
-                Some(relation) => format!("{NEXT_HOP} {relation} of {title}."),
-                None => format!("I need to read about {title}."),
+            let need = match (&remaining, relation(hop)) {
+                (Some(remaining), _) => format!("{REMAINING} {}", remaining[hop]),
+                (None, Some(_)) if hop == 0 => plan_thought(title, relations),
+                (None, Some(relation)) => format!("{NEXT_HOP} {relation} of {title}."),
+                (None, None) => format!("I need to read about {title}."),
             };
-            let found = if hop == 0 { String::new() } else { fact_at(hop - 1, title) + " " };
+            // The remaining question names what the last search found.
+            let found = if hop == 0 || remaining.is_some() { String::new() } else { fact_at(hop - 1, title) + " " };
             let (information, hits) = self.search(&query).await?;
             if !hits.contains(title) {
                 return Ok(None);
@@ -560,7 +603,7 @@ mod tests {
             policy.decode(&ids).unwrap()
         };
         for question in &questions {
-            if let Some(demo) = writer.solver(&solver, question, "").await.unwrap() {
+            if let Some(demo) = writer.solver(&solver, question, "", SolverThoughts::Plan).await.unwrap() {
                 solved += 1;
                 let text = policy.decode(&demo.sequence.tokens).unwrap();
                 let trained = trained(&demo);
@@ -602,6 +645,40 @@ mod tests {
                 assert_eq!(trained.matches("<search>").count(), question.supporting_titles.len());
             }
         }
+        // With the remaining question in each thought: the same searches, each after the
+        // question that is left, which is the one before with the hop just resolved replaced
+        // by the entity it found.
+        let mut reduced = 0;
+        for question in questions.iter().filter(|q| q.supporting_titles.len() >= 2) {
+            let Some(demo) = writer.solver(&solver, question, "", SolverThoughts::Remaining).await.unwrap() else {
+                continue;
+            };
+            let (titles, relations, answer) =
+                (&question.supporting_titles, &question.supporting_relations, &question.golden_answers[0]);
+            let thoughts: Vec<String> = trained(&demo)
+                .split("<think>")
+                .skip(1)
+                .map(|s| s.split("</think>").next().unwrap().to_string())
+                .collect();
+            assert_eq!(thoughts.len(), titles.len() + 1);
+            assert_eq!(thoughts[0], format!("{REMAINING} {}", question.question));
+            for hop in 1..titles.len() {
+                let left = thoughts[hop].strip_prefix("Now: ").unwrap();
+                let (before, after) = left.split_once(titles[hop].as_str()).unwrap();
+                let previous = thoughts[hop - 1].strip_prefix("Now: ").unwrap();
+                assert!(previous.starts_with(before) && previous.ends_with(after), "{previous} → {left}");
+                // What the entity replaced is the resolved hop's phrase around its subject.
+                let resolved = &previous[before.len()..previous.len() - after.len()];
+                assert!(resolved.contains(titles[hop - 1].as_str()) && resolved != titles[hop - 1], "{resolved}");
+            }
+            let last = titles.len() - 1;
+            assert_eq!(thoughts[titles.len()], format!("The {} of {} is {answer}.", relations[last], titles[last]));
+            let plain = writer.solver(&solver, question, "", SolverThoughts::Plan).await.unwrap().unwrap();
+            let searches = |demo: &Demonstration| trained(demo).matches("<search>").count();
+            assert_eq!(searches(&demo), searches(&plain));
+            reduced += 1;
+        }
+        assert!(reduced > 0, "no multi-hop demonstration with remaining questions");
         // With SSP's two searches, a one-hop walk confirms its hop with a second search.
         let two = ValidityRules { min_searches: 2, ..rules.clone() };
         let one_hop = questions.iter().filter(|q| q.hops == Some(1));
@@ -675,8 +752,14 @@ mod tests {
         let blocks = demonstration_skills(&refs, &SkillShare { relevant: 1.0, irrelevant: 0.0 });
         let mut compared = 0;
         for (question, block) in questions.iter().zip(&blocks).filter(|(_, b)| !b.is_empty()) {
-            let Some(plain) = writer.solver(&solver, question, "").await.unwrap() else { continue };
-            let skilled = writer.solver(&solver, question, block).await.unwrap().expect("the same searches hit");
+            let Some(plain) = writer.solver(&solver, question, "", SolverThoughts::Plan).await.unwrap() else {
+                continue;
+            };
+            let skilled = writer
+                .solver(&solver, question, block, SolverThoughts::Plan)
+                .await
+                .unwrap()
+                .expect("the same searches hit");
             assert_eq!(trained(&skilled), trained(&plain));
             assert!(policy.decode(&skilled.sequence.tokens).unwrap().contains(block.trim_end()));
             compared += 1;
@@ -685,12 +768,16 @@ mod tests {
         // A question whose chain names a passage the index does not have is dropped.
         let mut broken = questions[0].clone();
         broken.supporting_titles[0] = "Nowhere Atlantis".into();
-        assert_eq!(writer.solver(&solver, &broken, "").await.unwrap(), None);
+        assert_eq!(writer.solver(&solver, &broken, "", SolverThoughts::Plan).await.unwrap(), None);
         // A dataset that names only titles: the searches name the titles alone.
         let written = questions.iter().find(|q| q.hops == Some(2)).unwrap();
         let mut titles_only = written.clone();
         titles_only.supporting_relations.clear();
-        let demo = writer.solver(&solver, &titles_only, "").await.unwrap().expect("a written demonstration");
+        let demo = writer
+            .solver(&solver, &titles_only, "", SolverThoughts::Remaining)
+            .await
+            .unwrap()
+            .expect("a written demonstration");
         let text = policy.decode(&demo.sequence.tokens).unwrap();
         let [first, second] = [&written.supporting_titles[0], &written.supporting_titles[1]];
         assert!(text.contains(&format!("<think>I need to read about {first}.</think>\n<search>{first}</search>")));

@@ -19,7 +19,7 @@ use crate::agent::Role;
 use crate::data::datasets::{Question, load_questions};
 use crate::data::world::World;
 use crate::selfplay::demonstrations::{
-    Demonstration, SkillShare, WalkBack, Writer, demonstration_skills, read_user_demonstrations,
+    Demonstration, SkillShare, SolverThoughts, WalkBack, Writer, demonstration_skills, read_user_demonstrations,
 };
 use crate::selfplay::resources::{SelfPlay, Templates};
 use crate::selfplay::rules::ValidityRules;
@@ -77,6 +77,11 @@ pub struct WorldDemonstrations {
     /// write: searches, then the question).
     #[serde(default)]
     pub proposer_facts: bool,
+    /// What the solver's thoughts say before each search: `plan` (the whole chain first, then
+    /// the fact each search read and the next hop) or `remaining` (the question that remains,
+    /// one hop shorter at each search, so that a deeper question is more of the same steps).
+    #[serde(default)]
+    pub solver_thoughts: SolverThoughts,
 }
 
 fn both_roles() -> Vec<String> {
@@ -219,7 +224,12 @@ impl WorldDemonstrations {
         };
         for (question, skills) in solved.iter().zip(&blocks) {
             let template = &selfplay.templates.solver;
-            demonstrations.extend(solver_writer.solver(template, question, skills).await.map_err(StageError::Failed)?);
+            demonstrations.extend(
+                solver_writer
+                    .solver(template, question, skills, self.solver_thoughts)
+                    .await
+                    .map_err(StageError::Failed)?,
+            );
         }
         // A generated world's facts let the proposer's walk back go wherever its searches
         // lead; the world is regenerated from the stamp beside its questions (only when the
