@@ -662,10 +662,11 @@ mod tests {
                 .collect();
             assert_eq!(thoughts.len(), titles.len() + 1);
             assert_eq!(thoughts[0], format!("{REMAINING} {}", question.question));
+            let opened = format!("{REMAINING} ");
             for hop in 1..titles.len() {
-                let left = thoughts[hop].strip_prefix("Now: ").unwrap();
+                let left = thoughts[hop].strip_prefix(&opened).unwrap();
                 let (before, after) = left.split_once(titles[hop].as_str()).unwrap();
-                let previous = thoughts[hop - 1].strip_prefix("Now: ").unwrap();
+                let previous = thoughts[hop - 1].strip_prefix(&opened).unwrap();
                 assert!(previous.starts_with(before) && previous.ends_with(after), "{previous} → {left}");
                 // What the entity replaced is the resolved hop's phrase around its subject.
                 let resolved = &previous[before.len()..previous.len() - after.len()];
