@@ -151,15 +151,32 @@ pub(crate) fn resources(dir: &Path, contexts: Arc<Mutex<Vec<String>>>) -> LoopRe
     resources_with(dir, contexts, None, false, UsageRule::default())
 }
 
+/// How the scripted loop's memory credits and shows skills.
+#[derive(Clone, Copy)]
+struct MemoryRules {
+    usage: UsageRule,
+    /// Skills retrieved by pattern and shown as plans (`retrieve_by: pattern, show: plan`);
+    /// else by question, in the prompt.
+    plans: bool,
+}
+
+impl From<UsageRule> for MemoryRules {
+    fn from(usage: UsageRule) -> MemoryRules {
+        MemoryRules { usage, plans: false }
+    }
+}
+
 /// [`resources`] with a `judge:` model, with `proposer_model`, a scripted proposer of its own
-/// (the same script), and skill usage credited by `usage`.
+/// (the same script), and skills credited and shown by `memory`.
 fn resources_with(
     dir: &Path,
     contexts: Arc<Mutex<Vec<String>>>,
     judge: Option<Arc<dyn sesa_models::policy::Policy>>,
     proposer_model: bool,
-    usage: UsageRule,
+    memory: impl Into<MemoryRules>,
 ) -> LoopResources {
+    let MemoryRules { usage, plans } = memory.into();
+    use sesa_stages::sections::{RetrieveBy, ShowSkills};
     let proposer_policy: Option<Arc<dyn sesa_models::policy::Policy>> =
         proposer_model.then(|| Arc::new(ScriptedPolicy::new(script)) as _);
     let policy = ScriptedPolicy::new(move |context: &str, seed| {
@@ -189,7 +206,8 @@ fn resources_with(
         embedder: CachedEmbedder::new(Box::new(HashedWords::new(64))),
         top_k: 2,
         min_similarity: None,
-        retrieve_by: sesa_stages::sections::RetrieveBy::Question,
+        retrieve_by: if plans { RetrieveBy::Pattern } else { RetrieveBy::Question },
+        show: if plans { ShowSkills::Plan } else { ShowSkills::Prompt },
         queue: Mutex::new(FailureQueue::new(QUEUE_CAPACITY)),
     };
     LoopResources::new(selfplay, Some(memory))
@@ -204,8 +222,9 @@ async fn run_loop(edits: &[(&str, &str)]) -> (Loop, BTreeMap<String, Vec<(u64, R
 async fn run_loop_interrupted(
     edits: &[(&str, &str)],
     crashed_after: Option<u64>,
-    usage: UsageRule,
+    memory: impl Into<MemoryRules>,
 ) -> (Loop, BTreeMap<String, Vec<(u64, RecordBatch)>>) {
+    let memory = memory.into();
     let dir = tempfile::tempdir().unwrap();
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
     let mut text = SPEC
@@ -222,7 +241,7 @@ async fn run_loop_interrupted(
     let contexts = Arc::new(Mutex::new(Vec::new()));
     let root = ArtifactStore::open(dir.path().join("runs").to_str().unwrap()).unwrap();
     let mut run = Run::create(&root, pipeline, "test").await.unwrap();
-    let first = resources_with(world(), contexts.clone(), None, false, usage);
+    let first = resources_with(world(), contexts.clone(), None, false, memory);
     run = run.with_resources(|r| first.install(r));
     let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
     assert_eq!(run.execute(&Progress::new(ProgressMode::Hidden), stop).await.unwrap(), RunOutcome::Completed);
@@ -238,7 +257,7 @@ async fn run_loop_interrupted(
         }
         let mut resumed = Run::open(&root, run.id(), &sesa_stages::registry()).await.unwrap();
         assert_eq!(resumed.manifest().committed_steps, after);
-        let fresh = resources_with(world(), contexts.clone(), None, false, usage);
+        let fresh = resources_with(world(), contexts.clone(), None, false, memory);
         fresh.restore(&root, run.id()).await.unwrap();
         resumed = resumed.with_resources(|r| fresh.install(r));
         let (_stop, stop) = tokio::sync::watch::channel(StopRequest::None);
@@ -1100,6 +1119,57 @@ async fn evaluation_runs_with_memory_on_and_off() {
         assert!(!prompts.is_empty(), "{question} was evaluated");
         assert!(prompts.iter().all(|c| !c.contains("Search strategies that helped")), "{question}");
     }
+}
+
+/// `memory.show: plan`: a primed rule-induced skill of a question's own pattern is written
+/// into the memory-on evaluation's response as the plan of its chain, never into a prompt;
+/// memory off writes nothing, and a question of another pattern is shown no skill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skill_of_the_questions_pattern_is_written_as_its_plan_with_memory_on_only() {
+    let questions = world().join("world/questions.jsonl");
+    let file = std::fs::read_to_string(&questions).unwrap();
+    let lines: Vec<serde_json::Value> = file.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let deep = lines.iter().position(|q| q["hops"].as_u64() == Some(2)).expect("a two-hop question");
+    let (question, relations) = (lines[deep]["question"].as_str().unwrap(), &lines[deep]["supporting_relations"]);
+    let (first, second) = (relations[0].as_str().unwrap(), relations[1].as_str().unwrap());
+    let start = lines[deep]["supporting_titles"][0].as_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bank = dir.path().join("bank.yaml");
+    let skill = serde_json::json!({"skills": [{"id": "s1-0", "text": {
+        "description": "Search one hop at a time, 2 searches.",
+        "trigger": sesa_stages::memory::question_pattern(question),
+        "query_template": format!("<entity> {first} → <result 1> {second}"),
+    }}]});
+    std::fs::write(&bank, serde_json::to_string(&skill).unwrap()).unwrap();
+    let bank = bank.to_str().unwrap();
+    let stages = format!(
+        "  eval_on: {{kind: evaluate, after: [solve], mode: memory_on, benchmarks: {{world: {{questions: {q}}}}}}}\n  \
+         eval_off: {{kind: evaluate, after: [solve], benchmarks: {{world: {{questions: {q}}}}}}}\n  consolidate:",
+        q = questions.to_str().unwrap()
+    );
+    let memory = MemoryRules { usage: UsageRule::default(), plans: true };
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/skills/seed.yaml");
+    let seeds = format!("skills: {}", seeds.to_str().unwrap());
+    let bank = format!("skills: {bank}");
+    let edits = [("  consolidate:", stages.as_str()), (seeds.as_str(), bank.as_str()), ("steps: 4", "steps: 1")];
+    let (run, tables) = run_loop_interrupted(&edits, None, memory).await;
+    let plan = format!("<think>I need the {first} of {start}, then the {second} of it.</think>");
+    for (_, batch) in &tables["evals"] {
+        let (mode, asked) = (strings(batch, "mode"), strings(batch, "question"));
+        let shown = lists(batch, "skill_ids");
+        for i in 0..batch.num_rows() {
+            let expected = if mode[i] == "memory_on" && asked[i] == question { 1 } else { 0 };
+            assert_eq!(shown.value_length(i), expected, "{}: {}", mode[i], asked[i]);
+        }
+    }
+    let contexts = run.contexts.lock().unwrap();
+    let with_plan: Vec<&String> = contexts.iter().filter(|c| c.contains(&plan)).collect();
+    assert!(!with_plan.is_empty(), "the plan {plan} was written");
+    assert!(with_plan.iter().all(|c| c.contains(question)), "only into its own question's response");
+    assert!(contexts.iter().all(|c| !c.contains("Search strategies that helped")), "no skill in any prompt");
+    // Memory off answered the same question without it: one episode of each mode began bare.
+    let bare = contexts.iter().filter(|c| c.contains(question) && !c.contains(&plan)).count();
+    assert!(bare > 0, "memory off solved {question} with no plan");
 }
 
 /// Two evaluations of one generated benchmark start together (memory on and off do): one

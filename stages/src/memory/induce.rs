@@ -416,6 +416,38 @@ fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
     }
 }
 
+/// A rule-induced skill read as the chain it teaches for `question`: the entity the chain
+/// starts from and the relation each search asks for, in order. `Some` only where the skill's
+/// trigger is `question`'s own pattern (one entity) and each step of its query template reads
+/// "<entity> relation", then "<result k> relation" for the k-th step after it, as [`induce`]
+/// writes the searches of a solver that searched one hop at a time.
+pub fn skill_chain(skill: &SkillText, question: &str) -> Option<SkillChain> {
+    let pattern = pattern(question, &[]);
+    if pattern.entity_texts.len() != 1 || pattern.masked != skill.trigger {
+        return None;
+    }
+    let relations = skill
+        .query_template
+        .split(" → ")
+        .enumerate()
+        .map(|(k, step)| {
+            let slot = if k == 0 { "<entity> ".to_string() } else { format!("<result {k}> ") };
+            let relation = step.strip_prefix(&slot)?.trim();
+            (!relation.is_empty() && !relation.contains(['<', '>', '"'])).then(|| relation.to_string())
+        })
+        .collect::<Option<Vec<String>>>()?;
+    Some(SkillChain { start: pattern.entity_texts[0].clone(), relations })
+}
+
+/// What [`skill_chain`] reads: where a question's chain starts and the relations it follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkillChain {
+    /// The question's entity, as the question writes it.
+    pub start: String,
+    /// The relation of each search, first to last.
+    pub relations: Vec<String>,
+}
+
 fn exemplar(question: &str, searches: &[String]) -> SkillText {
     let steps = searches.iter().map(|q| format!("\"{q}\"")).collect::<Vec<_>>().join(", then ");
     SkillText {

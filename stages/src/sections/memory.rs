@@ -88,6 +88,13 @@ pub struct MemorySection {
     /// question's embedding).
     #[serde(default)]
     pub retrieve_by: RetrieveBy,
+    /// How a retrieved skill reaches the solver: `prompt` (the paper's way: the skills block
+    /// of its prompt) or `plan` (a rule-induced skill of the question's own pattern is written
+    /// as the solver's first thought, the plan its demonstrations open with, and the step to
+    /// each next relation into its later thoughts; a question with no such skill is solved
+    /// with none). Needs `retrieve_by: pattern`.
+    #[serde(default)]
+    pub show: ShowSkills,
     /// Retrievals before a harmful skill can be evicted (paper: 3).
     #[serde(default = "defaults::evict_min_retrievals")]
     pub evict_min_retrievals: u64,
@@ -128,6 +135,19 @@ pub enum RetrieveBy {
     Pattern,
 }
 
+/// How a retrieved skill reaches the solver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShowSkills {
+    /// In the skills block of the solver's prompt.
+    #[default]
+    Prompt,
+    /// Written into the solver's response as the plan of the chain the skill's searches
+    /// follow, as plan guidance writes one: a small solver follows a plan it is given far
+    /// more often than a strategy it reads.
+    Plan,
+}
+
 impl Section for MemorySection {
     const KEY: &'static str = "memory";
 
@@ -138,6 +158,12 @@ impl Section for MemorySection {
         }
         if self.min_similarity.is_some_and(|m| !(-1.0..=1.0).contains(&m)) {
             problems.push(ConfigProblem::new("min_similarity", "a cosine similarity, between -1 and 1"));
+        }
+        if self.show == ShowSkills::Plan && self.retrieve_by != RetrieveBy::Pattern {
+            problems.push(ConfigProblem::new(
+                "show",
+                "`plan` applies a skill induced for the question's own pattern: set `retrieve_by: pattern`",
+            ));
         }
         problems.extend(ConfigProblem::size("capacity", self.capacity, 1..=1_000_000));
         problems.extend(ConfigProblem::size("top_k", self.top_k, 1..=100));

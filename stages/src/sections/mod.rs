@@ -17,7 +17,7 @@ mod trainer;
 mod world;
 
 pub use self::agent::{AgentSection, PromptsSection};
-pub use self::memory::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig, RetrieveBy};
+pub use self::memory::{EmbedderConfig, HashedWordsConfig, MemorySection, MinilmConfig, RetrieveBy, ShowSkills};
 pub use self::model::{JudgeSection, ModelSection, ProposerModelSection, local_model};
 pub use self::search::{Backend, Bm25Config, SearchSection, bm25_requirements};
 pub use self::setup::{AgentSetup, SetupError};

@@ -20,7 +20,7 @@ use crate::search::Search;
 use crate::sections::{
     AgentSection, AgentSetup, JudgeSection, ModelSection, PromptsSection, ProposerModelSection, SetupError,
 };
-use crate::sections::{MemorySection, RetrieveBy, TrainerSection};
+use crate::sections::{MemorySection, RetrieveBy, ShowSkills, TrainerSection};
 use sesa_engine::columns::Reader;
 use sesa_models::policy::Policy;
 
@@ -176,6 +176,8 @@ pub struct SkillMemory {
     pub min_similarity: Option<f32>,
     /// What a question is compared with.
     pub retrieve_by: RetrieveBy,
+    /// How a retrieved skill reaches the solver.
+    pub show: ShowSkills,
     /// Failures waiting for consolidation.
     pub queue: Mutex<FailureQueue>,
 }
@@ -262,6 +264,7 @@ impl LoopResources {
                 top_k: section.top_k,
                 min_similarity: section.min_similarity,
                 retrieve_by: section.retrieve_by,
+                show: section.show,
                 queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
             })),
             None => None,

@@ -56,6 +56,34 @@ fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped(
 }
 
 #[test]
+fn an_induced_skill_reads_as_its_chain_for_questions_of_its_own_pattern_only() {
+    let question = "In which country is the city where the founder of Vexa Labs was born?";
+    let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
+    let skill = induce(&[&early], Induction::Rules).expect("a skill");
+    let other = "In which country is the city where the founder of Mimi Observatory was born?";
+    let chain = skill_chain(&skill, other).expect("the same pattern");
+    assert_eq!(chain.start, "Mimi Observatory");
+    assert_eq!(chain.relations, ["founder", "birthplace", "country"]);
+    // Another template, even one nested in this one, is not this skill's chain.
+    assert_eq!(skill_chain(&skill, "In which city was the founder of Mimi Observatory born?"), None);
+    assert_eq!(skill_chain(&skill, "In which country is Mimi Observatory?"), None);
+    // Two entities: no single start.
+    let two = SkillText { trigger: "Did <entity 1> marry <entity 2>?".into(), ..skill.clone() };
+    assert_eq!(skill_chain(&two, "Did Orla Veny marry Tam Kassel?"), None);
+    // Searches not written one hop at a time ("founder of <entity>", a step that skips a
+    // result) are not a chain.
+    for template in ["founder of <entity> → <result 1> birthplace", "<entity> founder → <result 2> country", "<entity>"]
+    {
+        let odd = SkillText { query_template: template.into(), ..skill.clone() };
+        assert_eq!(skill_chain(&odd, other), None, "{template}");
+    }
+    // An episodic skill's trigger is a whole question, never a pattern.
+    let solved = record("f1-0-1", question, "Quorvia", None, &[], CHAIN);
+    let episodic = induce(&[&solved], Induction::Episodic).unwrap();
+    assert_eq!(skill_chain(&episodic, other), None);
+}
+
+#[test]
 fn a_failure_that_answered_with_a_query_does_not_mask_the_relation() {
     // Seen in a run: the answer "Anjaline Battaglia birthplace" masked "birthplace" everywhere.
     let question = "In which city was Wenor Axprapra born?";

@@ -349,7 +349,8 @@ impl Stage for Evaluate {
             let episodes: Vec<Episode> = questions
                 .iter()
                 .zip(&retrieval.blocks)
-                .map(|(q, skills)| Episode {
+                .zip(&retrieval.plans)
+                .map(|((q, skills), plan)| Episode {
                     prompt: policy.render_chat(
                         &selfplay
                             .templates
@@ -357,8 +358,8 @@ impl Stage for Evaluate {
                             .render(&BTreeMap::from([("question", q.question.clone()), ("skills", skills.clone())])),
                     ),
                     seed: 0,
-                    // Evaluation is never guided.
-                    written: None,
+                    // Evaluation is never guided; only a skill shown as a plan writes.
+                    written: plan.clone(),
                 })
                 .collect();
             let agent = AgentRun {

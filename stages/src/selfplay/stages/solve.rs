@@ -30,8 +30,8 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
-use crate::memory::{SkillEvent, SkillEventKind, UsageRule, events_batch};
-use crate::sections::RetrieveBy;
+use crate::memory::{SkillEvent, SkillEventKind, UsageRule, events_batch, skill_chain};
+use crate::sections::{RetrieveBy, ShowSkills};
 use crate::selfplay::demonstrations::{NEXT_HOP, plan_thought};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
 use crate::selfplay::rules::solver_reward;
@@ -118,11 +118,16 @@ pub enum Guidance {
 /// "The birthplace of Orla Veny is Dunmere. Next, the country of Dunmere."
 pub fn plan(question: &str) -> Option<Written> {
     let (start, relations) = World::read_question(question)?;
-    let opening = format!("<think>{}</think>\n", plan_thought(&start, &relations));
+    Some(plan_of(&start, &relations))
+}
+
+/// What a plan of the chain from `start` along `relations` writes (see [`plan`]).
+fn plan_of(start: &str, relations: &[impl AsRef<str>]) -> Written {
+    let opening = format!("<think>{}</think>\n", plan_thought(start, relations));
     // Turn k has read k results; relation k follows.
     let in_thought =
-        (0..relations.len()).map(|k| (k > 0).then(|| format!(" {NEXT_HOP} {} of", relations[k]))).collect();
-    Some(Written { opening, in_thought, searches: 0 })
+        (0..relations.len()).map(|k| (k > 0).then(|| format!(" {NEXT_HOP} {} of", relations[k].as_ref()))).collect();
+    Written { opening, in_thought, searches: 0 }
 }
 
 /// What a probe of `searches` searches has written: one more hop opened in the plan of its
@@ -228,13 +233,20 @@ pub(super) struct Retrieval {
     pub(super) blocks: Vec<String>,
     /// Per question, (skill id, description, similarity) of each skill retrieved.
     pub(super) skills: Vec<Vec<(String, String, f32)>>,
+    /// Per question, under `memory.show: plan`, what its skill writes into the response.
+    pub(super) plans: Vec<Option<Written>>,
     /// The bank version retrieved from (0 without memory).
     pub(super) version: u64,
 }
 
 impl Retrieval {
     pub(super) fn none(questions: usize) -> Retrieval {
-        Retrieval { blocks: vec![String::new(); questions], skills: vec![Vec::new(); questions], version: 0 }
+        Retrieval {
+            blocks: vec![String::new(); questions],
+            skills: vec![Vec::new(); questions],
+            plans: vec![None; questions],
+            version: 0,
+        }
     }
 }
 
@@ -262,8 +274,19 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
             None => bank.top_k(vector, memory.top_k),
         };
         top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
-        let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
-        retrieval.blocks[k] = crate::memory::prompt_block(&skills);
+        if memory.show == ShowSkills::Plan {
+            // The first skill that reads as the question's chain is written; the others are
+            // not shown at all.
+            let planned = top.iter().find_map(|&(s, similarity)| {
+                skill_chain(&s.text, questions[k])
+                    .map(|chain| ((s, similarity), plan_of(&chain.start, &chain.relations)))
+            });
+            top = planned.iter().map(|(top, _)| *top).collect();
+            retrieval.plans[k] = planned.map(|(_, written)| written);
+        } else {
+            let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
+            retrieval.blocks[k] = crate::memory::prompt_block(&skills);
+        }
         retrieval.skills[k] =
             top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
     }
@@ -335,7 +358,12 @@ impl Stage for Solve {
                         SkillEventKind::Retrieved,
                         id.clone(),
                         description.clone(),
-                        "in the solver's prompt".into(),
+                        if retrieval.plans[k].is_some() {
+                            "written as the solver's plan"
+                        } else {
+                            "in the solver's prompt"
+                        }
+                        .into(),
                     )
                 });
             }
@@ -361,8 +389,12 @@ impl Stage for Solve {
             let question = questions[i].unwrap_or_default();
             let (with, without) = (render(question, blocks[k].clone()), render(question, String::new()));
             for rollout in 0..n_rollouts {
-                let prompt = if shown(k, rollout).is_empty() && !retrieved[k].is_empty() { &without } else { &with };
-                episodes.push(Episode::new(prompt.clone(), cx.seed((items[i] << 20) | rollout)));
+                let bare = shown(k, rollout).is_empty() && !retrieved[k].is_empty();
+                episodes.push(Episode {
+                    prompt: if bare { &without } else { &with }.clone(),
+                    seed: cx.seed((items[i] << 20) | rollout),
+                    written: if bare { None } else { retrieval.plans[k].clone() },
+                });
                 rows.push((k, i, rollout));
             }
         }
@@ -478,7 +510,7 @@ mod tests {
 
     use super::{RetrieveBy, hint, retrieve};
     use crate::memory::{CachedEmbedder, HashedWords, Skill, SkillBank, SkillMeta, SkillText};
-    use crate::sections::MemorySection;
+    use crate::sections::{MemorySection, ShowSkills};
     use crate::selfplay::{FailureQueue, SkillMemory};
 
     fn memory(min_similarity: Option<f32>) -> SkillMemory {
@@ -504,6 +536,7 @@ mod tests {
             top_k: 3,
             min_similarity,
             retrieve_by,
+            show: ShowSkills::Prompt,
             queue: Mutex::new(FailureQueue::new(10)),
         }
     }
@@ -545,6 +578,36 @@ mod tests {
         assert!(shown.skills[1].is_empty(), "another template is shown none");
         let by_question = retrieve(&memory_by(Some(0.99), RetrieveBy::Question), &questions).unwrap();
         assert!(by_question.skills.iter().all(|s| s.is_empty()), "names keep the question far from any skill");
+    }
+
+    #[test]
+    fn a_skill_shown_as_a_plan_writes_the_plan_of_its_chain_and_nothing_in_the_prompt() {
+        let mut memory = memory_by(Some(0.99), RetrieveBy::Pattern);
+        memory.show = ShowSkills::Plan;
+        let question = "In which country is the city where the spouse of Orla Veny was born?";
+        let induced = SkillText {
+            description: "Search one hop at a time, 3 searches".into(),
+            trigger: crate::memory::question_pattern(question),
+            avoid: vec![],
+            query_template: "<entity> spouse → <result 1> birthplace → <result 2> country".into(),
+        };
+        {
+            let mut bank = memory.bank.lock().unwrap();
+            let vector = memory.embedder.embed(&[induced.embedding_text().as_str()]).unwrap().remove(0);
+            bank.admit("s2-0".into(), induced, SkillMeta::default(), vector);
+        }
+        let unrelated = "Where was the founder of Vexa Labs born?";
+        let shown = retrieve(&memory, &[question, unrelated]).unwrap();
+        // The plan the skill writes is the one plan guidance writes from the world's grammar.
+        assert_eq!(shown.plans[0], super::plan(question));
+        assert!(shown.plans[0].is_some());
+        assert_eq!(shown.skills[0].iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
+        assert_eq!(shown.blocks, ["", ""], "a skill shown as a plan is not in the prompt");
+        assert_eq!((shown.plans[1].clone(), shown.skills[1].len()), (None, 0), "no skill of its pattern: none");
+        // The bank's other skill (a question's wording, not a pattern) is never written.
+        memory.min_similarity = None;
+        let all = retrieve(&memory, &[unrelated]).unwrap();
+        assert_eq!((all.plans[0].clone(), all.skills[0].len(), all.blocks[0].as_str()), (None, 0, ""));
     }
 
     #[test]
