@@ -416,36 +416,172 @@ fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
     }
 }
 
-/// A rule-induced skill read as the chain it teaches for `question`: the entity the chain
-/// starts from and the relation each search asks for, in order. `Some` only where the skill's
-/// trigger is `question`'s own pattern (one entity) and each step of its query template reads
-/// "<entity> relation", then "<result k> relation" for the k-th step after it, as [`induce`]
-/// writes the searches of a solver that searched one hop at a time.
-pub fn skill_chain(skill: &SkillText, question: &str) -> Option<SkillChain> {
-    let pattern = pattern(question, &[]);
-    if pattern.entity_texts.len() != 1 || pattern.masked != skill.trigger {
-        return None;
+/// The chain a question's plan follows, composed from rule-induced skills: the entity it
+/// starts from and the relation each search asks for, in order, with the skills it was read
+/// from.
+///
+/// Each skill whose trigger holds one `<entity>` and whose query template reads one search a
+/// hop ("<entity> author → <result 1> birthplace", as [`induce`] writes the searches of a solver
+/// that searched one hop at a time) is a *template*: the question's words around the entity,
+/// and the chain from it. Two templates that differ by words wrapped around the entity and by
+/// the relations before the shorter one's chain ("In which city was <entity> born?": birthplace;
+/// "In which city was the author of <entity> born?": author, birthplace) teach a *wrapper*:
+/// "the author of <entity>" adds the relation author. A question is read as a template whose
+/// entity is the question's own name inside any number of known wrappers, innermost relation
+/// first: a deeper question than any skill was induced from gets a plan when its parts were
+/// seen. `None` when no template leaves a single name at the centre.
+pub fn compose_chain(skills: &[&SkillText], question: &str) -> Option<ComposedChain> {
+    let templates: Vec<Template<'_>> = skills.iter().enumerate().filter_map(|(i, s)| Template::of(i, s)).collect();
+    let wrappers = wrappers(&templates);
+    let mut best: Option<(usize, ComposedChain)> = None;
+    for template in &templates {
+        let Some(mut subject) =
+            question.strip_prefix(template.prefix).and_then(|rest| rest.strip_suffix(template.suffix))
+        else {
+            continue;
+        };
+        let (mut peeled, mut used) = (Vec::new(), vec![template.skill]);
+        // The longest wrapper first: "the city where <entity> was born" before "the … of".
+        while let Some(wrapper) = wrappers
+            .iter()
+            .filter(|w| {
+                subject.len() > w.prefix.len() + w.suffix.len()
+                    && subject.starts_with(&w.prefix)
+                    && subject.ends_with(&w.suffix)
+            })
+            .max_by_key(|w| w.prefix.len() + w.suffix.len())
+        {
+            subject = &subject[wrapper.prefix.len()..subject.len() - wrapper.suffix.len()];
+            peeled.push(wrapper.relation.clone());
+            used.extend(&wrapper.skills);
+        }
+        if pattern(subject, &[]).masked != "<entity>" || best.as_ref().is_some_and(|(len, _)| *len <= subject.len()) {
+            continue;
+        }
+        peeled.reverse();
+        peeled.extend(template.relations.iter().cloned());
+        used.sort_unstable();
+        used.dedup();
+        let chain = SkillChain { start: subject.to_string(), relations: peeled };
+        best = Some((subject.len(), ComposedChain { chain, skills: used }));
     }
-    let relations = skill
-        .query_template
-        .split(" → ")
-        .enumerate()
-        .map(|(k, step)| {
-            let slot = if k == 0 { "<entity> ".to_string() } else { format!("<result {k}> ") };
-            let relation = step.strip_prefix(&slot)?.trim();
-            (!relation.is_empty() && !relation.contains(['<', '>', '"'])).then(|| relation.to_string())
-        })
-        .collect::<Option<Vec<String>>>()?;
-    Some(SkillChain { start: pattern.entity_texts[0].clone(), relations })
+    best.map(|(_, composed)| composed)
 }
 
-/// What [`skill_chain`] reads: where a question's chain starts and the relations it follows.
+/// What [`compose_chain`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposedChain {
+    /// The chain.
+    pub chain: SkillChain,
+    /// The indices of the skills it was read from (its template and its wrappers' teachers).
+    pub skills: Vec<usize>,
+}
+
+/// Where a question's chain starts and the relations it follows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkillChain {
     /// The question's entity, as the question writes it.
     pub start: String,
     /// The relation of each search, first to last.
     pub relations: Vec<String>,
+}
+
+/// A skill read as a question template (see [`compose_chain`]).
+struct Template<'a> {
+    skill: usize,
+    prefix: &'a str,
+    suffix: &'a str,
+    relations: Vec<String>,
+}
+
+impl<'a> Template<'a> {
+    fn of(skill: usize, text: &'a SkillText) -> Option<Template<'a>> {
+        let (prefix, suffix) = text.trigger.split_once("<entity>")?;
+        if prefix.contains('<') || suffix.contains('<') {
+            return None;
+        }
+        let relations = text
+            .query_template
+            .split(" → ")
+            .enumerate()
+            .map(|(k, step)| {
+                let slot = if k == 0 { "<entity> ".to_string() } else { format!("<result {k}> ") };
+                let relation = step.strip_prefix(&slot)?.trim();
+                (!relation.is_empty() && !relation.contains(['<', '>', '"'])).then(|| relation.to_string())
+            })
+            .collect::<Option<Vec<String>>>()?;
+        Some(Template { skill, prefix, suffix, relations })
+    }
+}
+
+/// Words around an entity that add one relation before a template's chain.
+struct Wrapper {
+    prefix: String,
+    suffix: String,
+    relation: String,
+    /// The two templates it was learnt from.
+    skills: [usize; 2],
+}
+
+/// Every wrapper two templates teach, until no pair teaches another: a pair whose longer
+/// template adds several relations teaches the innermost once the outer ones are known.
+fn wrappers(templates: &[Template<'_>]) -> Vec<Wrapper> {
+    let mut wrappers: Vec<Wrapper> = Vec::new();
+    loop {
+        let mut learned = false;
+        for (outer, inner) in templates.iter().flat_map(|a| templates.iter().map(move |b| (a, b))) {
+            let extra = inner.relations.len().saturating_sub(outer.relations.len());
+            if extra == 0 || !inner.relations.ends_with(&outer.relations) {
+                continue;
+            }
+            let (Some(mut prefix), Some(mut suffix)) =
+                (inner.prefix.strip_prefix(outer.prefix), inner.suffix.strip_suffix(outer.suffix))
+            else {
+                continue;
+            };
+            // Known wrappers are taken off either end: the outermost adds the last relation,
+            // the innermost the first.
+            let mut added = &inner.relations[..extra];
+            while added.len() > 1 {
+                let fits = |w: &&Wrapper| prefix.len() + suffix.len() > w.prefix.len() + w.suffix.len();
+                let (first, last) = (&added[0], &added[added.len() - 1]);
+                if let Some(w) = wrappers
+                    .iter()
+                    .filter(fits)
+                    .find(|w| &w.relation == last && prefix.starts_with(&w.prefix) && suffix.ends_with(&w.suffix))
+                {
+                    prefix = &prefix[w.prefix.len()..];
+                    suffix = &suffix[..suffix.len() - w.suffix.len()];
+                    added = &added[..added.len() - 1];
+                } else if let Some(w) = wrappers
+                    .iter()
+                    .filter(fits)
+                    .find(|w| &w.relation == first && prefix.ends_with(&w.prefix) && suffix.starts_with(&w.suffix))
+                {
+                    prefix = &prefix[..prefix.len() - w.prefix.len()];
+                    suffix = &suffix[w.suffix.len()..];
+                    added = &added[1..];
+                } else {
+                    break;
+                }
+            }
+            if let [relation] = added
+                && !(prefix.is_empty() && suffix.is_empty())
+                && !wrappers.iter().any(|w| w.prefix == prefix && w.suffix == suffix)
+            {
+                wrappers.push(Wrapper {
+                    prefix: prefix.to_string(),
+                    suffix: suffix.to_string(),
+                    relation: relation.clone(),
+                    skills: [outer.skill, inner.skill],
+                });
+                learned = true;
+            }
+        }
+        if !learned {
+            return wrappers;
+        }
+    }
 }
 
 fn exemplar(question: &str, searches: &[String]) -> SkillText {

@@ -88,11 +88,12 @@ pub struct MemorySection {
     /// question's embedding).
     #[serde(default)]
     pub retrieve_by: RetrieveBy,
-    /// How a retrieved skill reaches the solver: `prompt` (the paper's way: the skills block
-    /// of its prompt) or `plan` (a rule-induced skill of the question's own pattern is written
-    /// as the solver's first thought, the plan its demonstrations open with, and the step to
-    /// each next relation into its later thoughts; a question with no such skill is solved
-    /// with none). Needs `retrieve_by: pattern`.
+    /// How skills reach the solver: `prompt` (the paper's way: the top-k in the skills block of
+    /// its prompt) or `plan` (the bank's rule-induced skills read as question templates; the
+    /// chain they compose for the question is written as the solver's first thought, the plan
+    /// its demonstrations open with, and the step to each next relation into its later
+    /// thoughts; a question no template covers is solved with none; `top_k` and
+    /// `min_similarity` do not apply). Needs `retrieve_by: pattern`.
     #[serde(default)]
     pub show: ShowSkills,
     /// Retrievals before a harmful skill can be evicted (paper: 3).
@@ -142,9 +143,9 @@ pub enum ShowSkills {
     /// In the skills block of the solver's prompt.
     #[default]
     Prompt,
-    /// Written into the solver's response as the plan of the chain the skill's searches
-    /// follow, as plan guidance writes one: a small solver follows a plan it is given far
-    /// more often than a strategy it reads.
+    /// Written into the solver's response as the plan of the chain the skills' templates
+    /// compose for the question, as plan guidance writes one: a small solver follows a plan it
+    /// is given far more often than a strategy it reads.
     Plan,
 }
 

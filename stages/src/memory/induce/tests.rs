@@ -56,31 +56,68 @@ fn a_three_hop_group_gives_its_pattern_its_chain_and_where_the_failures_stopped(
 }
 
 #[test]
-fn an_induced_skill_reads_as_its_chain_for_questions_of_its_own_pattern_only() {
+fn an_induced_skill_reads_as_its_chain_for_questions_of_its_own_pattern() {
     let question = "In which country is the city where the founder of Vexa Labs was born?";
     let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
     let skill = induce(&[&early], Induction::Rules).expect("a skill");
+    let chain = |skill: &SkillText, question: &str| compose_chain(&[skill], question).map(|c| c.chain);
     let other = "In which country is the city where the founder of Mimi Observatory was born?";
-    let chain = skill_chain(&skill, other).expect("the same pattern");
-    assert_eq!(chain.start, "Mimi Observatory");
-    assert_eq!(chain.relations, ["founder", "birthplace", "country"]);
+    let read = chain(&skill, other).expect("the same pattern");
+    assert_eq!(read.start, "Mimi Observatory");
+    assert_eq!(read.relations, ["founder", "birthplace", "country"]);
     // Another template, even one nested in this one, is not this skill's chain.
-    assert_eq!(skill_chain(&skill, "In which city was the founder of Mimi Observatory born?"), None);
-    assert_eq!(skill_chain(&skill, "In which country is Mimi Observatory?"), None);
+    assert_eq!(chain(&skill, "In which city was the founder of Mimi Observatory born?"), None);
+    assert_eq!(chain(&skill, "In which country is Mimi Observatory?"), None);
     // Two entities: no single start.
     let two = SkillText { trigger: "Did <entity 1> marry <entity 2>?".into(), ..skill.clone() };
-    assert_eq!(skill_chain(&two, "Did Orla Veny marry Tam Kassel?"), None);
+    assert_eq!(chain(&two, "Did Orla Veny marry Tam Kassel?"), None);
     // Searches not written one hop at a time ("founder of <entity>", a step that skips a
     // result) are not a chain.
     for template in ["founder of <entity> → <result 1> birthplace", "<entity> founder → <result 2> country", "<entity>"]
     {
         let odd = SkillText { query_template: template.into(), ..skill.clone() };
-        assert_eq!(skill_chain(&odd, other), None, "{template}");
+        assert_eq!(chain(&odd, other), None, "{template}");
     }
     // An episodic skill's trigger is a whole question, never a pattern.
     let solved = record("f1-0-1", question, "Quorvia", None, &[], CHAIN);
     let episodic = induce(&[&solved], Induction::Episodic).unwrap();
-    assert_eq!(skill_chain(&episodic, other), None);
+    assert_eq!(chain(&episodic, other), None);
+}
+
+#[test]
+fn skills_of_shallower_questions_compose_the_chain_of_a_deeper_one() {
+    let skill = |trigger: &str, template: &str| SkillText {
+        description: "Search one hop at a time.".into(),
+        trigger: trigger.into(),
+        avoid: vec![],
+        query_template: template.into(),
+    };
+    let bank = [
+        skill("In which city was <entity> born?", "<entity> birthplace"),
+        skill("In which city was the mother of <entity> born?", "<entity> mother → <result 1> birthplace"),
+        // The two wrappers inside it come apart once "the mother of" is known.
+        skill(
+            "In which city was the spouse of the mother of <entity> born?",
+            "<entity> mother → <result 1> spouse → <result 2> birthplace",
+        ),
+        skill("In which country is <entity>?", "<entity> country"),
+        skill("In which country is the city where <entity> was born?", "<entity> birthplace → <result 1> country"),
+        skill("Who founded <entity>?", "<entity> founder"),
+    ];
+    let bank: Vec<&SkillText> = bank.iter().collect();
+    // Four hops, deeper than every skill, read as the world's grammar reads it.
+    let question = "In which country is the city where the spouse of the mother of Orla Veny was born?";
+    let composed = compose_chain(&bank, question).expect("a chain from known parts");
+    let (start, relations) = World::read_question(question).unwrap();
+    assert_eq!(composed.chain.start, start);
+    assert_eq!(composed.chain.relations, relations);
+    assert_eq!(composed.chain.relations, ["mother", "spouse", "birthplace", "country"]);
+    // Its template (the shortest centre: the country of X) and every wrapper's teachers.
+    assert!(composed.skills.contains(&3) && composed.skills.contains(&4) && composed.skills.contains(&2));
+    assert!(!composed.skills.contains(&5), "the founder skill plays no part");
+    // A wrapper no skill teaches ("the founder of") leaves no single name at the centre.
+    assert_eq!(compose_chain(&bank, "In which country is the city where the founder of Orla Veny was born?"), None);
+    assert_eq!(compose_chain(&bank, "Which river flows through Orla Veny?"), None);
 }
 
 #[test]

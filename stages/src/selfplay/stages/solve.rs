@@ -30,7 +30,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
-use crate::memory::{SkillEvent, SkillEventKind, UsageRule, events_batch, skill_chain};
+use crate::memory::{SkillEvent, SkillEventKind, UsageRule, compose_chain, events_batch};
 use crate::sections::{RetrieveBy, ShowSkills};
 use crate::selfplay::demonstrations::{NEXT_HOP, plan_thought};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
@@ -275,14 +275,18 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
         };
         top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
         if memory.show == ShowSkills::Plan {
-            // The first skill that reads as the question's chain is written; the others are
-            // not shown at all.
-            let planned = top.iter().find_map(|&(s, similarity)| {
-                skill_chain(&s.text, questions[k])
-                    .map(|chain| ((s, similarity), plan_of(&chain.start, &chain.relations)))
-            });
-            top = planned.iter().map(|(top, _)| *top).collect();
-            retrieval.plans[k] = planned.map(|(_, written)| written);
+            // The plan is read from the templates of the whole bank, not from the top-k: each
+            // skill it was composed from is recorded, with its trigger's cosine to the pattern.
+            let skills = bank.skills();
+            let texts: Vec<&crate::memory::SkillText> = skills.iter().map(|s| &s.text).collect();
+            let composed = compose_chain(&texts, questions[k]);
+            let triggers = triggers.as_ref().expect("plans are retrieved by pattern");
+            top = composed
+                .iter()
+                .flat_map(|c| &c.skills)
+                .map(|&i| (&skills[i], crate::memory::cosine(&triggers[i], vector)))
+                .collect();
+            retrieval.plans[k] = composed.map(|c| plan_of(&c.chain.start, &c.chain.relations));
         } else {
             let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
             retrieval.blocks[k] = crate::memory::prompt_block(&skills);
