@@ -226,23 +226,6 @@ fn sesa_validate_exits_2_and_prints_every_problem() {
     insta::assert_snapshot!(stdout(&output), @"good.yaml: ok: `t`, 2 steps, 1 stages");
 }
 
-/// A skill is written as a plan only when it was induced for the question's own pattern, so
-/// `show: plan` needs retrieval by pattern.
-#[test]
-fn skills_shown_as_plans_need_retrieval_by_pattern() {
-    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/quickstart.yaml");
-    let load = |sets: &[&str]| {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        load_pipeline(&spec, &sets, &sesa_stages::registry()).map(|_| ()).map_err(|e| e.to_string())
-    };
-    let refused = load(&["memory.show=plan"]).expect_err("plans by question");
-    assert!(
-        refused.contains("memory.show: `plan` applies a skill induced for the question's own pattern"),
-        "{refused}"
-    );
-    load(&["memory.show=plan", "memory.retrieve_by=pattern"]).unwrap();
-}
-
 #[test]
 fn absurd_sizes_are_refused_with_their_bounds_before_anything_is_allocated() {
     let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("specs/quickstart.yaml");

@@ -416,9 +416,8 @@ fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
     }
 }
 
-/// The chain a question's plan follows, composed from rule-induced skills: the entity it
-/// starts from and the relation each search asks for, in order, with the skills it was read
-/// from.
+/// Rule-induced skills read back as question templates, to compose the chain a question's
+/// plan follows: the entity it starts from and the relation each search asks for, in order.
 ///
 /// Each skill whose trigger holds one `<entity>` and whose query template reads one search a
 /// hop ("<entity> author → <result 1> birthplace", as [`induce`] writes the searches of a solver
@@ -428,47 +427,63 @@ fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
 /// "In which city was the author of <entity> born?": author, birthplace) teach a *wrapper*:
 /// "the author of <entity>" adds the relation author. A question is read as a template whose
 /// entity is the question's own name inside any number of known wrappers, innermost relation
-/// first: a deeper question than any skill was induced from gets a plan when its parts were
-/// seen. `None` when no template leaves a single name at the centre.
-pub fn compose_chain(skills: &[&SkillText], question: &str) -> Option<ComposedChain> {
-    let templates: Vec<Template<'_>> = skills.iter().enumerate().filter_map(|(i, s)| Template::of(i, s)).collect();
-    let wrappers = wrappers(&templates);
-    let mut best: Option<(usize, ComposedChain)> = None;
-    for template in &templates {
-        let Some(mut subject) =
-            question.strip_prefix(template.prefix).and_then(|rest| rest.strip_suffix(template.suffix))
-        else {
-            continue;
-        };
-        let (mut peeled, mut used) = (Vec::new(), vec![template.skill]);
-        // The longest wrapper first: "the city where <entity> was born" before "the … of".
-        while let Some(wrapper) = wrappers
-            .iter()
-            .filter(|w| {
-                subject.len() > w.prefix.len() + w.suffix.len()
-                    && subject.starts_with(&w.prefix)
-                    && subject.ends_with(&w.suffix)
-            })
-            .max_by_key(|w| w.prefix.len() + w.suffix.len())
-        {
-            subject = &subject[wrapper.prefix.len()..subject.len() - wrapper.suffix.len()];
-            peeled.push(wrapper.relation.clone());
-            used.extend(&wrapper.skills);
-        }
-        if pattern(subject, &[]).masked != "<entity>" || best.as_ref().is_some_and(|(len, _)| *len <= subject.len()) {
-            continue;
-        }
-        peeled.reverse();
-        peeled.extend(template.relations.iter().cloned());
-        used.sort_unstable();
-        used.dedup();
-        let chain = SkillChain { start: subject.to_string(), relations: peeled };
-        best = Some((subject.len(), ComposedChain { chain, skills: used }));
-    }
-    best.map(|(_, composed)| composed)
+/// first: a deeper question than any skill was induced from gets a chain when its parts were
+/// seen.
+pub struct ChainReader<'a> {
+    templates: Vec<Template<'a>>,
+    wrappers: Vec<Wrapper>,
 }
 
-/// What [`compose_chain`] reads.
+impl<'a> ChainReader<'a> {
+    /// The templates of `skills` and every wrapper they teach.
+    pub fn new(skills: &[&'a SkillText]) -> ChainReader<'a> {
+        let templates: Vec<Template<'a>> = skills.iter().enumerate().filter_map(|(i, s)| Template::of(i, s)).collect();
+        let wrappers = wrappers(&templates);
+        ChainReader { templates, wrappers }
+    }
+
+    /// `question`'s chain, with the indices of the skills it was read from; `None` when no
+    /// template leaves a single name at the centre. The template leaving the shortest name wins.
+    pub fn read(&self, question: &str) -> Option<ComposedChain> {
+        let mut best: Option<(usize, ComposedChain)> = None;
+        for template in &self.templates {
+            let Some(mut subject) =
+                question.strip_prefix(template.prefix).and_then(|rest| rest.strip_suffix(template.suffix))
+            else {
+                continue;
+            };
+            let (mut peeled, mut used) = (Vec::new(), vec![template.skill]);
+            // The longest wrapper first: "the city where <entity> was born" before "the … of".
+            while let Some(wrapper) = self
+                .wrappers
+                .iter()
+                .filter(|w| {
+                    subject.len() > w.prefix.len() + w.suffix.len()
+                        && subject.starts_with(&w.prefix)
+                        && subject.ends_with(&w.suffix)
+                })
+                .max_by_key(|w| w.prefix.len() + w.suffix.len())
+            {
+                subject = &subject[wrapper.prefix.len()..subject.len() - wrapper.suffix.len()];
+                peeled.push(wrapper.relation.clone());
+                used.extend(&wrapper.skills);
+            }
+            if pattern(subject, &[]).masked != "<entity>" || best.as_ref().is_some_and(|(len, _)| *len <= subject.len())
+            {
+                continue;
+            }
+            peeled.reverse();
+            peeled.extend(template.relations.iter().cloned());
+            used.sort_unstable();
+            used.dedup();
+            let chain = SkillChain { start: subject.to_string(), relations: peeled };
+            best = Some((subject.len(), ComposedChain { chain, skills: used }));
+        }
+        best.map(|(_, composed)| composed)
+    }
+}
+
+/// What [`ChainReader::read`] reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComposedChain {
     /// The chain.
@@ -486,7 +501,7 @@ pub struct SkillChain {
     pub relations: Vec<String>,
 }
 
-/// A skill read as a question template (see [`compose_chain`]).
+/// A skill read as a question template (see [`ChainReader`]).
 struct Template<'a> {
     skill: usize,
     prefix: &'a str,

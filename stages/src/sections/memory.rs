@@ -92,8 +92,8 @@ pub struct MemorySection {
     /// its prompt) or `plan` (the bank's rule-induced skills read as question templates; the
     /// chain they compose for the question is written as the solver's first thought, the plan
     /// its demonstrations open with, and the step to each next relation into its later
-    /// thoughts; a question no template covers is solved with none; `top_k` and
-    /// `min_similarity` do not apply). Needs `retrieve_by: pattern`.
+    /// thoughts; a question no template covers is solved with none; `top_k`,
+    /// `min_similarity` and `retrieve_by` do not apply).
     #[serde(default)]
     pub show: ShowSkills,
     /// Retrievals before a harmful skill can be evicted (paper: 3).
@@ -159,12 +159,6 @@ impl Section for MemorySection {
         }
         if self.min_similarity.is_some_and(|m| !(-1.0..=1.0).contains(&m)) {
             problems.push(ConfigProblem::new("min_similarity", "a cosine similarity, between -1 and 1"));
-        }
-        if self.show == ShowSkills::Plan && self.retrieve_by != RetrieveBy::Pattern {
-            problems.push(ConfigProblem::new(
-                "show",
-                "`plan` applies a skill induced for the question's own pattern: set `retrieve_by: pattern`",
-            ));
         }
         problems.extend(ConfigProblem::size("capacity", self.capacity, 1..=1_000_000));
         problems.extend(ConfigProblem::size("top_k", self.top_k, 1..=100));

@@ -60,7 +60,7 @@ fn an_induced_skill_reads_as_its_chain_for_questions_of_its_own_pattern() {
     let question = "In which country is the city where the founder of Vexa Labs was born?";
     let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
     let skill = induce(&[&early], Induction::Rules).expect("a skill");
-    let chain = |skill: &SkillText, question: &str| compose_chain(&[skill], question).map(|c| c.chain);
+    let chain = |skill: &SkillText, question: &str| ChainReader::new(&[skill]).read(question).map(|c| c.chain);
     let other = "In which country is the city where the founder of Mimi Observatory was born?";
     let read = chain(&skill, other).expect("the same pattern");
     assert_eq!(read.start, "Mimi Observatory");
@@ -107,7 +107,8 @@ fn skills_of_shallower_questions_compose_the_chain_of_a_deeper_one() {
     let bank: Vec<&SkillText> = bank.iter().collect();
     // Four hops, deeper than every skill, read as the world's grammar reads it.
     let question = "In which country is the city where the spouse of the mother of Orla Veny was born?";
-    let composed = compose_chain(&bank, question).expect("a chain from known parts");
+    let reader = ChainReader::new(&bank);
+    let composed = reader.read(question).expect("a chain from known parts");
     let (start, relations) = World::read_question(question).unwrap();
     assert_eq!(composed.chain.start, start);
     assert_eq!(composed.chain.relations, relations);
@@ -116,8 +117,8 @@ fn skills_of_shallower_questions_compose_the_chain_of_a_deeper_one() {
     assert!(composed.skills.contains(&3) && composed.skills.contains(&4) && composed.skills.contains(&2));
     assert!(!composed.skills.contains(&5), "the founder skill plays no part");
     // A wrapper no skill teaches ("the founder of") leaves no single name at the centre.
-    assert_eq!(compose_chain(&bank, "In which country is the city where the founder of Orla Veny was born?"), None);
-    assert_eq!(compose_chain(&bank, "Which river flows through Orla Veny?"), None);
+    assert_eq!(reader.read("In which country is the city where the founder of Orla Veny was born?"), None);
+    assert_eq!(reader.read("Which river flows through Orla Veny?"), None);
 }
 
 #[test]

@@ -30,7 +30,7 @@ use sesa_engine::{ConfigProblem, Stage, StageContext, StageError, TableSpec, Tab
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, play, skill_events_table, with_trajectories};
 use crate::agent::{Episode, Role, Trajectory, Written};
 use crate::data::world::World;
-use crate::memory::{SkillEvent, SkillEventKind, UsageRule, compose_chain, events_batch};
+use crate::memory::{ChainReader, SkillEvent, SkillEventKind, UsageRule, cosine, events_batch};
 use crate::sections::{RetrieveBy, ShowSkills};
 use crate::selfplay::demonstrations::{NEXT_HOP, plan_thought};
 use crate::selfplay::resources::{SelfPlay, SkillMemory};
@@ -252,9 +252,12 @@ impl Retrieval {
 
 /// The top-k skills of the bank for each question, less those under the memory's
 /// `min_similarity`: one embedding batch, then exact top-k. By `pattern`, the questions'
-/// patterns are compared with the skills' triggers (embedded once each, then cached).
+/// patterns are compared with the skills' triggers (embedded once each, then cached). Under
+/// `show: plan`, the skills each question's plan is read from, and the plan.
 pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retrieval, StageError> {
-    let by_pattern = memory.retrieve_by == RetrieveBy::Pattern;
+    let plans = memory.show == ShowSkills::Plan;
+    // A plan is read from templates, so its skills are compared with the question's pattern.
+    let by_pattern = plans || memory.retrieve_by == RetrieveBy::Pattern;
     let keys: Vec<String> =
         questions.iter().map(|q| if by_pattern { crate::memory::question_pattern(q) } else { q.to_string() }).collect();
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -266,31 +269,32 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
     } else {
         None
     };
+    let texts: Vec<&crate::memory::SkillText> = bank.skills().iter().map(|s| &s.text).collect();
+    let reader = plans.then(|| ChainReader::new(&texts));
     let mut retrieval = Retrieval::none(questions.len());
     retrieval.version = bank.version();
     for (k, vector) in vectors.iter().enumerate() {
-        let mut top = match &triggers {
-            Some(triggers) => bank.top_k_among(triggers, vector, memory.top_k),
-            None => bank.top_k(vector, memory.top_k),
+        let top: Vec<(&crate::memory::Skill, f32)> = match (&reader, &triggers) {
+            // Every skill a plan is read from, with its trigger's cosine to the pattern; `top_k`
+            // and `min_similarity` do not apply (a template matches or not).
+            (Some(reader), Some(triggers)) => {
+                let composed = reader.read(questions[k]);
+                let skills = composed.iter().flat_map(|c| &c.skills);
+                let top = skills.map(|&i| (&bank.skills()[i], cosine(&triggers[i], vector))).collect();
+                retrieval.plans[k] = composed.map(|c| plan_of(&c.chain.start, &c.chain.relations));
+                top
+            }
+            _ => {
+                let mut top = match &triggers {
+                    Some(triggers) => bank.top_k_among(triggers, vector, memory.top_k),
+                    None => bank.top_k(vector, memory.top_k),
+                };
+                top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
+                let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
+                retrieval.blocks[k] = crate::memory::prompt_block(&skills);
+                top
+            }
         };
-        top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
-        if memory.show == ShowSkills::Plan {
-            // The plan is read from the templates of the whole bank, not from the top-k: each
-            // skill it was composed from is recorded, with its trigger's cosine to the pattern.
-            let skills = bank.skills();
-            let texts: Vec<&crate::memory::SkillText> = skills.iter().map(|s| &s.text).collect();
-            let composed = compose_chain(&texts, questions[k]);
-            let triggers = triggers.as_ref().expect("plans are retrieved by pattern");
-            top = composed
-                .iter()
-                .flat_map(|c| &c.skills)
-                .map(|&i| (&skills[i], crate::memory::cosine(&triggers[i], vector)))
-                .collect();
-            retrieval.plans[k] = composed.map(|c| plan_of(&c.chain.start, &c.chain.relations));
-        } else {
-            let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
-            retrieval.blocks[k] = crate::memory::prompt_block(&skills);
-        }
         retrieval.skills[k] =
             top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
     }
