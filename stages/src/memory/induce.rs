@@ -443,8 +443,14 @@ impl<'a> ChainReader<'a> {
     }
 
     /// `question`'s chain, with the indices of the skills it was read from; `None` when no
-    /// template leaves a single name at the centre. The template leaving the shortest name wins.
+    /// template and known wrappers leave the question's one name at the centre.
     pub fn read(&self, question: &str) -> Option<ComposedChain> {
+        // The question's one name, as its pattern masks it: alone, "The Hollow Winter" would
+        // read its article as the question's opening word.
+        let names = pattern(question, &[]).entity_texts;
+        let [name] = names.as_slice() else {
+            return None;
+        };
         let mut best: Option<(usize, ComposedChain)> = None;
         for template in &self.templates {
             let Some(mut subject) =
@@ -468,16 +474,18 @@ impl<'a> ChainReader<'a> {
                 peeled.push(wrapper.relation.clone());
                 used.extend(&wrapper.skills);
             }
-            if pattern(subject, &[]).masked != "<entity>" || best.as_ref().is_some_and(|(len, _)| *len <= subject.len())
-            {
+            // The template that needs the fewest wrappers: a skill of the question's own
+            // pattern reads it as it was induced.
+            if subject != name || best.as_ref().is_some_and(|(wrapped, _)| *wrapped <= peeled.len()) {
                 continue;
             }
+            let wrapped = peeled.len();
             peeled.reverse();
             peeled.extend(template.relations.iter().cloned());
             used.sort_unstable();
             used.dedup();
             let chain = SkillChain { start: subject.to_string(), relations: peeled };
-            best = Some((subject.len(), ComposedChain { chain, skills: used }));
+            best = Some((wrapped, ComposedChain { chain, skills: used }));
         }
         best.map(|(_, composed)| composed)
     }
