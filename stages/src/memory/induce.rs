@@ -150,6 +150,14 @@ fn entity_slot(k: usize, of: usize) -> String {
     if of == 1 { "<entity>".to_string() } else { format!("<entity {}>", k + 1) }
 }
 
+/// The slot of what the `position`-th search (0-based) found, in a later search's template.
+fn result_slot(position: usize) -> String {
+    format!("<result {position}>")
+}
+
+/// Between the searches of a query template.
+const THEN: &str = " → ";
+
 /// `question` read against the searches made for it: a name a search wrote capitalised is a
 /// name in the question too, however the question writes it.
 fn pattern(question: &str, searches: &[String]) -> Pattern {
@@ -266,7 +274,7 @@ fn mask_query(query: &str, pattern: &Pattern, answers: &BTreeSet<String>, positi
         }
         let slot = match kinds[start] {
             QueryWord::Entity(k) if n > 0 => entity_slot(k, n),
-            _ if position > 0 => format!("<result {position}>"),
+            _ if position > 0 => result_slot(position),
             _ => "<entity>".to_string(),
         };
         slots.push((start..i + 1, slot));
@@ -412,7 +420,7 @@ fn by_rules(failures: &[&FailureRecord], pattern: &Pattern) -> SkillText {
         description: clean(&description, limits::DESCRIPTION),
         trigger: clean(&pattern.masked, limits::TRIGGER),
         avoid: pitfalls(failures, pattern, &answers, &solved),
-        query_template: clean(&solved.join(" → "), limits::QUERY_TEMPLATE),
+        query_template: clean(&solved.join(THEN), limits::QUERY_TEMPLATE),
     }
 }
 
@@ -484,29 +492,22 @@ impl<'a> ChainReader<'a> {
             peeled.extend(template.relations.iter().cloned());
             used.sort_unstable();
             used.dedup();
-            let chain = SkillChain { start: subject.to_string(), relations: peeled };
-            best = Some((wrapped, ComposedChain { chain, skills: used }));
+            best = Some((wrapped, ComposedChain { start: subject.to_string(), relations: peeled, skills: used }));
         }
         best.map(|(_, composed)| composed)
     }
 }
 
-/// What [`ChainReader::read`] reads.
+/// What [`ChainReader::read`] reads: where a question's chain starts, the relations it
+/// follows, and the skills it was read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComposedChain {
-    /// The chain.
-    pub chain: SkillChain,
-    /// The indices of the skills it was read from (its template and its wrappers' teachers).
-    pub skills: Vec<usize>,
-}
-
-/// Where a question's chain starts and the relations it follows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkillChain {
     /// The question's entity, as the question writes it.
     pub start: String,
     /// The relation of each search, first to last.
     pub relations: Vec<String>,
+    /// The indices of the skills it was read from (its template and its wrappers' teachers).
+    pub skills: Vec<usize>,
 }
 
 /// A skill read as a question template (see [`ChainReader`]).
@@ -519,17 +520,18 @@ struct Template<'a> {
 
 impl<'a> Template<'a> {
     fn of(skill: usize, text: &'a SkillText) -> Option<Template<'a>> {
-        let (prefix, suffix) = text.trigger.split_once("<entity>")?;
+        let entity = entity_slot(0, 1);
+        let (prefix, suffix) = text.trigger.split_once(&entity)?;
         if prefix.contains('<') || suffix.contains('<') {
             return None;
         }
         let relations = text
             .query_template
-            .split(" → ")
+            .split(THEN)
             .enumerate()
             .map(|(k, step)| {
-                let slot = if k == 0 { "<entity> ".to_string() } else { format!("<result {k}> ") };
-                let relation = step.strip_prefix(&slot)?.trim();
+                let slot = if k == 0 { entity.clone() } else { result_slot(k) };
+                let relation = step.strip_prefix(&slot)?.strip_prefix(' ')?.trim();
                 (!relation.is_empty() && !relation.contains(['<', '>', '"'])).then(|| relation.to_string())
             })
             .collect::<Option<Vec<String>>>()?;
@@ -618,7 +620,7 @@ fn exemplar(question: &str, searches: &[String]) -> SkillText {
         ),
         trigger: clean(question, limits::TRIGGER),
         avoid: Vec::new(),
-        query_template: clean(&searches.join(" → "), limits::QUERY_TEMPLATE),
+        query_template: clean(&searches.join(THEN), limits::QUERY_TEMPLATE),
     }
 }
 

@@ -17,7 +17,7 @@ mod tables;
 pub use self::bank::{BankConfig, DedupBy, QuestionUsage, SkillBank, SkillEvent, SkillEventKind, UsageRule};
 pub use self::distill::{Distilled, Distiller, FailureRecord, output_schema, parse_output, render_failures};
 pub use self::embed::{CachedEmbedder, EmbedError, Embedder, HashedWords, MiniLm, cosine};
-pub use self::induce::{ChainReader, ComposedChain, Induction, SkillChain, induce, induce_batch, question_pattern};
+pub use self::induce::{ChainReader, ComposedChain, Induction, induce, induce_batch, question_pattern};
 pub use self::sanitize::{clean, limits};
 pub use self::skill::{Skill, SkillFile, SkillFileError, SkillMeta, SkillText, prompt_block};
 pub use self::tables::{SKILL_EVENTS_SCHEMA, SKILLS_SCHEMA, events_batch, skills_batch, skills_from_batch};

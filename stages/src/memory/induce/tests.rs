@@ -60,7 +60,7 @@ fn an_induced_skill_reads_as_its_chain_for_questions_of_its_own_pattern() {
     let question = "In which country is the city where the founder of Vexa Labs was born?";
     let early = record("f1-0-0", question, "Quorvia", Some("Orin Kassel"), &["Vexa Labs founder"], CHAIN);
     let skill = induce(&[&early], Induction::Rules).expect("a skill");
-    let chain = |skill: &SkillText, question: &str| ChainReader::new(&[skill]).read(question).map(|c| c.chain);
+    let chain = |skill: &SkillText, question: &str| ChainReader::new(&[skill]).read(question);
     let other = "In which country is the city where the founder of Mimi Observatory was born?";
     let read = chain(&skill, other).expect("the same pattern");
     assert_eq!(read.start, "Mimi Observatory");
@@ -110,9 +110,9 @@ fn skills_of_shallower_questions_compose_the_chain_of_a_deeper_one() {
     let reader = ChainReader::new(&bank);
     let composed = reader.read(question).expect("a chain from known parts");
     let (start, relations) = World::read_question(question).unwrap();
-    assert_eq!(composed.chain.start, start);
-    assert_eq!(composed.chain.relations, relations);
-    assert_eq!(composed.chain.relations, ["mother", "spouse", "birthplace", "country"]);
+    assert_eq!(composed.start, start);
+    assert_eq!(composed.relations, relations);
+    assert_eq!(composed.relations, ["mother", "spouse", "birthplace", "country"]);
     // Its template (the one that needs the fewest wrappers: the country of the city where X was
     // born) and the teachers of its wrappers (the spouse's came apart from a three-hop skill).
     assert_eq!(composed.skills, [0, 1, 2, 4]);
@@ -122,7 +122,7 @@ fn skills_of_shallower_questions_compose_the_chain_of_a_deeper_one() {
     assert_eq!(reader.read("Which river flows through Orla Veny?"), None);
     // A name that opens with an article is the question's name all the same.
     let titled = reader.read("In which city was the mother of The Hollow Winter born?").expect("a title");
-    assert_eq!((titled.chain.start.as_str(), titled.chain.relations.len()), ("The Hollow Winter", 2));
+    assert_eq!((titled.start.as_str(), titled.relations.len()), ("The Hollow Winter", 2));
 }
 
 #[test]

@@ -269,7 +269,8 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
     } else {
         None
     };
-    let texts: Vec<&crate::memory::SkillText> = bank.skills().iter().map(|s| &s.text).collect();
+    let texts: Vec<&crate::memory::SkillText> =
+        if plans { bank.skills().iter().map(|s| &s.text).collect() } else { Vec::new() };
     let reader = plans.then(|| ChainReader::new(&texts));
     let mut retrieval = Retrieval::none(questions.len());
     retrieval.version = bank.version();
@@ -281,7 +282,7 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
                 let composed = reader.read(questions[k]);
                 let skills = composed.iter().flat_map(|c| &c.skills);
                 let top = skills.map(|&i| (&bank.skills()[i], cosine(&triggers[i], vector))).collect();
-                retrieval.plans[k] = composed.map(|c| plan_of(&c.chain.start, &c.chain.relations));
+                retrieval.plans[k] = composed.map(|c| plan_of(&c.start, &c.relations));
                 top
             }
             _ => {
