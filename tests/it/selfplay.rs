@@ -1135,11 +1135,13 @@ async fn a_skill_of_the_questions_pattern_is_written_as_its_plan_with_memory_on_
     let start = lines[deep]["supporting_titles"][0].as_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bank = dir.path().join("bank.yaml");
-    let skill = serde_json::json!({"skills": [{"id": "s1-0", "text": {
+    let text = serde_json::json!({
         "description": "Search one hop at a time, 2 searches.",
         "trigger": sesa_stages::memory::question_pattern(question),
         "query_template": format!("<entity> {first} → <result 1> {second}"),
-    }}]});
+    });
+    // The second is the first under another id: priming counts it as a duplicate it dropped.
+    let skill = serde_json::json!({"skills": [{"id": "s1-0", "text": text}, {"id": "s1-1", "text": text}]});
     std::fs::write(&bank, serde_json::to_string(&skill).unwrap()).unwrap();
     let bank = bank.to_str().unwrap();
     let stages = format!(
@@ -1162,6 +1164,13 @@ async fn a_skill_of_the_questions_pattern_is_written_as_its_plan_with_memory_on_
             assert_eq!(shown.value_length(i), expected, "{}: {}", mode[i], asked[i]);
         }
     }
+    let priming: BTreeMap<String, Option<f64>> = tables["step_metrics"]
+        .iter()
+        .flat_map(|(_, b)| (strings(b, "stage").into_iter().zip(strings(b, "metric"))).zip(floats(b, "value")))
+        .filter(|((stage, _), _)| stage == "priming")
+        .map(|((_, metric), value)| (metric, value))
+        .collect();
+    assert_eq!((priming["bank_size"], priming["rejected_duplicates"]), (Some(1.0), Some(1.0)));
     let contexts = run.contexts.lock().unwrap();
     let with_plan: Vec<&String> = contexts.iter().filter(|c| c.contains(&plan)).collect();
     assert!(!with_plan.is_empty(), "the plan {plan} was written");

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sesa_engine::{ConfigProblem, Requirement, Stage, StageContext, StageError, TableSpec, Tables};
 
 use super::{elapsed_ms, failed, metrics_batch, metrics_table, skill_events_table, skills_table};
-use crate::memory::{SkillFile, events_batch, skills_batch};
+use crate::memory::{BankConfig, DedupBy, SkillEventKind, SkillFile, events_batch, skills_batch};
 use crate::selfplay::resources::SkillMemory;
 
 /// The config of `priming`.
@@ -61,11 +61,35 @@ impl Stage for Priming {
         for (skill, vector) in file.skills.into_iter().zip(vectors) {
             events.extend(bank.admit(skill.id, skill.text, skill.meta, vector));
         }
+        let duplicates = events.iter().filter(|e| e.kind == SkillEventKind::RejectedDuplicate).count();
+        if duplicates > 0 {
+            tracing::warn!("{}", duplicates_dropped(&self.config.skills, duplicates, texts.len(), bank.config()));
+        }
         let version = bank.commit().unwrap_or(bank.version());
-        let metrics = [("bank_size", bank.len() as f64), ("wall_ms", elapsed_ms(clock))];
+        let metrics = [
+            ("bank_size", bank.len() as f64),
+            ("rejected_duplicates", duplicates as f64),
+            ("wall_ms", elapsed_ms(clock)),
+        ];
         Ok(Tables::new()
             .with("skills", skills_batch(version, bank.skills())?)
             .with("skill_events", events_batch(version, &events)?)
             .with("step_metrics", metrics_batch(cx.stage_name(), &metrics)?))
     }
+}
+
+/// Why a primed bank is smaller than its file. An export of a bank built under `dedup_by:
+/// trigger` (rule-made skills, one per question pattern) loses most of its deep patterns when
+/// loaded under the default rule: their triggers differ only in relation words, which the
+/// embedding places above the threshold.
+fn duplicates_dropped(file: &std::path::Path, dropped: usize, total: usize, rules: &BankConfig) -> String {
+    let rule = match rules.dedup_by {
+        DedupBy::Embedding => format!(
+            "`memory.dedup_by: embedding` (cosine above `memory.dedup_threshold` {}); a bank exported from a run \
+             with `dedup_by: trigger` (as `distiller: rules` runs are) loads whole under the same rule",
+            rules.dedup_threshold
+        ),
+        DedupBy::Trigger => "`memory.dedup_by: trigger` (the same trigger as a skill loaded before)".to_string(),
+    };
+    format!("priming {}: {dropped} of {total} skills were rejected as duplicates under {rule}", file.display())
 }
