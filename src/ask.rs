@@ -7,17 +7,19 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use sesa_engine::spec::{SourceDoc, Spec};
 use sesa_engine::{ArtifactStore, Registry, Run, pipeline_from_text};
-use sesa_stages::agent::{Episode, Outcome, Role};
-use sesa_stages::memory::{SkillBank, prompt_block};
+use sesa_stages::agent::{Episode, Outcome, Role, Written};
+use sesa_stages::memory::SkillBank;
 use sesa_stages::sections::AgentSetup;
 use sesa_stages::sections::MemorySection;
+use sesa_stages::selfplay::SkillMemory;
 
 /// Whose policy answers.
 pub enum Asked<'a> {
     /// A spec's `model:` as written (its initial policy).
     Spec(&'a Path),
-    /// A run's trained policy (the last version, or `version`), with its last bank's top-k
-    /// skills in the solver's prompt when `memory` is set.
+    /// A run's trained policy (the last version, or `version`), shown its last bank's skills
+    /// when `memory` is set, as the run's `solve` shows them (a skills block in the prompt, or
+    /// under `memory.show: plan` the plan written into the response).
     Run { location: &'a str, version: Option<u64>, memory: bool },
 }
 
@@ -34,21 +36,21 @@ pub struct Ask<'a> {
 
 /// Runs one episode with the spec's (or run's) model, search, budgets and prompts, and prints it.
 pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
-    let (spec, skills) = match request.asked {
+    let (spec, (skills, written)) = match request.asked {
         Asked::Spec(path) => {
             let mut source = SourceDoc::load(path).map_err(sesa_engine::SpecErrors::from)?;
             source.apply_overrides(request.overrides).map_err(sesa_engine::SpecErrors::from)?;
-            (Spec::from_source(&source, registry)?, String::new())
+            (Spec::from_source(&source, registry)?, (String::new(), None))
         }
         Asked::Run { location, version, memory } => {
             let (spec, policy) = run_spec(location, version, request.overrides, registry).await?;
-            let skills = match memory {
-                true if request.role == Role::Proposer => bail!("--memory: only the solver's prompt holds skills"),
-                true => retrieved_skills(&spec, location, request.text).await?,
-                false => String::new(),
+            let shown = match memory {
+                true if request.role == Role::Proposer => bail!("--memory: only the solver is shown skills"),
+                true => shown_skills(&spec, location, request.text).await?,
+                false => (String::new(), None),
             };
             eprintln!("asking {policy} of {location}{}", if memory { ", with its last bank" } else { "" });
-            (spec, skills)
+            (spec, shown)
         }
     };
     let setup = AgentSetup::from_spec(&spec).await?;
@@ -59,7 +61,7 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
     let prompt = setup.policy.render_chat(&setup.template(request.role)?.render(&values));
     let run = setup.agent(request.role);
     let clock = std::time::Instant::now();
-    let trajectory = run.run(&[Episode::new(prompt, request.seed)]).await?.remove(0);
+    let trajectory = run.run(&[Episode { written, ..Episode::new(prompt, request.seed) }]).await?.remove(0);
     let seconds = clock.elapsed().as_secs_f64();
 
     let colour = std::io::stdout().is_terminal();
@@ -112,15 +114,21 @@ async fn run_spec(
     Ok((pipeline.spec().clone(), policy))
 }
 
-/// The skills block the solver would see for `question`: the top-k of the run's last bank.
-async fn retrieved_skills(spec: &Spec, location: &str, question: &str) -> Result<String> {
-    let memory = spec.section::<MemorySection>().context("--memory: the run has no `memory:` section")?;
+/// What the run's solver would be shown for `question` from its last bank, under the run's
+/// `memory:` rules (`top_k`, `min_similarity`, `retrieve_by`, `show`): the prompt's skills
+/// block, and under `show: plan` what the plan writes into the response.
+async fn shown_skills(spec: &Spec, location: &str, question: &str) -> Result<(String, Option<Written>)> {
+    let section = spec.section::<MemorySection>().context("--memory: the run has no `memory:` section")?;
     let (version, skills) = crate::skills::bank_at(location, None).await?;
-    let embedder = memory.open_embedder().await?;
-    let bank = SkillBank::embedded(memory.bank_config(), skills, version, &embedder)?;
-    let top = bank.top_k(&embedder.embed_one(question)?, memory.top_k);
-    for (skill, similarity) in &top {
-        eprintln!("skill {} (bank version {version}, cosine {similarity:.2}): {}", skill.id, skill.text.description);
+    let embedder = section.open_embedder().await?;
+    let bank = SkillBank::embedded(section.bank_config(), skills, version, &embedder)?;
+    let shown = SkillMemory::new(&section, bank, embedder).shown(question)?;
+    let how = if shown.plan.is_some() { "read into the plan" } else { "in the prompt" };
+    for (id, description, similarity) in &shown.skills {
+        eprintln!("skill {id} (bank version {version}, cosine {similarity:.2}, {how}): {description}");
     }
-    Ok(prompt_block(&top.iter().map(|(skill, _)| *skill).collect::<Vec<_>>()))
+    if shown.skills.is_empty() {
+        eprintln!("no skill of bank version {version} is shown for this question");
+    }
+    Ok((shown.block, shown.plan))
 }

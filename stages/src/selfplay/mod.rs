@@ -19,7 +19,7 @@ pub use self::rules::{
     verifier_answer,
 };
 pub use self::stages::{
-    Collect, Consolidate, Evaluate, Priming, Propose, Reward, STEP_SUMMARY, Solve, Update, Verify, Warmup,
+    Collect, Consolidate, Evaluate, Priming, Propose, Reward, STEP_SUMMARY, Shown, Solve, Update, Verify, Warmup,
     metrics_batch, train_with_sesa,
 };
 pub use self::training::Training;

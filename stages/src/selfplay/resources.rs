@@ -182,6 +182,21 @@ pub struct SkillMemory {
     pub queue: Mutex<FailureQueue>,
 }
 
+impl SkillMemory {
+    /// A memory under a spec's `memory:` rules holding `bank`, with an empty failure queue.
+    pub fn new(section: &MemorySection, bank: SkillBank, embedder: CachedEmbedder) -> SkillMemory {
+        SkillMemory {
+            bank: Mutex::new(bank),
+            embedder,
+            top_k: section.top_k,
+            min_similarity: section.min_similarity,
+            retrieve_by: section.retrieve_by,
+            show: section.show,
+            queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
+        }
+    }
+}
+
 /// The loop's resources, before they are handed to the engine.
 pub struct LoopResources {
     selfplay: Arc<SelfPlay>,
@@ -258,15 +273,10 @@ impl LoopResources {
             None => None,
         };
         let memory = match spec.section::<MemorySection>() {
-            Some(section) => Some(Arc::new(SkillMemory {
-                bank: Mutex::new(SkillBank::new(section.bank_config())),
-                embedder: section.open_embedder().await?,
-                top_k: section.top_k,
-                min_similarity: section.min_similarity,
-                retrieve_by: section.retrieve_by,
-                show: section.show,
-                queue: Mutex::new(FailureQueue::new(section.queue_capacity)),
-            })),
+            Some(section) => {
+                let embedder = section.open_embedder().await?;
+                Some(Arc::new(SkillMemory::new(&section, SkillBank::new(section.bank_config()), embedder)))
+            }
             None => None,
         };
         if let Some(top) = served_block_inputs(spec, &trainer) {

@@ -23,7 +23,7 @@ pub use self::evaluate::Evaluate;
 pub use self::priming::Priming;
 pub use self::propose::Propose;
 pub use self::reward::Reward;
-pub use self::solve::Solve;
+pub use self::solve::{Shown, Solve};
 pub use self::update::{ExternalCheckpoint, Update, UpdateConfig, train_with_sesa};
 pub use self::verify::Verify;
 pub use self::warmup::{Warmup, WarmupConfig};

@@ -302,6 +302,27 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
     Ok(retrieval)
 }
 
+/// What a solver is shown for one question under its memory's rules, as `solve` and
+/// `evaluate` show it with memory on.
+pub struct Shown {
+    /// The skills block of its prompt (empty under `show: plan`, or when none was retrieved).
+    pub block: String,
+    /// Under `show: plan`, what the plan writes into its response.
+    pub plan: Option<Written>,
+    /// (skill id, description, similarity) of each skill shown or read into the plan.
+    pub skills: Vec<(String, String, f32)>,
+    /// The bank version they came from.
+    pub version: u64,
+}
+
+impl SkillMemory {
+    /// What the solver is shown for `question` (for `sesa ask`: one question at a time).
+    pub fn shown(&self, question: &str) -> Result<Shown, StageError> {
+        let Retrieval { mut blocks, mut skills, mut plans, version } = retrieve(self, &[question])?;
+        Ok(Shown { block: blocks.remove(0), plan: plans.remove(0), skills: skills.remove(0), version })
+    }
+}
+
 impl Stage for Solve {
     const KIND: &'static str = "solve";
     const ABOUT: &'static str =
@@ -561,6 +582,11 @@ mod tests {
         assert_eq!(some.skills[0].len(), 1);
         assert!(some.skills[1].is_empty() && some.blocks[1].is_empty(), "the unrelated question is shown none");
         assert!(!some.blocks[0].is_empty());
+        // One question at a time (`sesa ask --memory`), the same.
+        let (one, other) =
+            (memory(Some(0.3)).shown(questions[0]).unwrap(), memory(Some(0.3)).shown(questions[1]).unwrap());
+        assert_eq!((one.block, one.plan, one.skills.len()), (some.blocks[0].clone(), None, 1));
+        assert_eq!((other.block.as_str(), other.skills.len()), ("", 0));
     }
 
     #[test]
@@ -613,6 +639,8 @@ mod tests {
         assert_eq!(shown.skills[0].iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
         assert_eq!(shown.blocks, ["", ""], "a skill shown as a plan is not in the prompt");
         assert_eq!((shown.plans[1].clone(), shown.skills[1].len()), (None, 0), "no skill of its pattern: none");
+        let one = memory.shown(question).unwrap();
+        assert_eq!((one.block.as_str(), one.plan, one.skills), ("", shown.plans[0].clone(), shown.skills[0].clone()));
         // The bank's other skill (a question's wording, not a pattern) is never written.
         memory.min_similarity = None;
         let all = retrieve(&memory, &[unrelated]).unwrap();
