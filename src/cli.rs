@@ -293,7 +293,8 @@ enum Command {
         /// With --run: the policy version (default: its last).
         #[arg(long, requires = "run")]
         version: Option<u64>,
-        /// With --run: the top-k skills of its last bank in the solver's prompt, as `solve` puts them.
+        /// With --run: its last bank's skills shown to the solver under the run's `memory:` rules,
+        /// as `solve` shows them (in the prompt, or under `show: plan` as the plan it writes).
         #[arg(long, requires = "run")]
         memory: bool,
         /// Override a key, as with `run`.

@@ -208,11 +208,6 @@ impl CachedEmbedder {
         let cache = self.cache.lock().expect("embedding cache lock");
         Ok(keys.iter().map(|k| cache[k].clone()).collect())
     }
-
-    /// One text.
-    pub fn embed_one(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
-        Ok(self.embed(&[text])?.remove(0))
-    }
 }
 
 /// The cosine similarity of two unit vectors.

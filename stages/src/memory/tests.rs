@@ -181,7 +181,7 @@ fn the_seed_skills_load_and_are_distinct_under_the_default_threshold() {
     let embedder = CachedEmbedder::new(Box::new(minilm()));
     let mut bank = SkillBank::new(MemorySection::default_bank_config());
     for skill in &file.skills {
-        let vector = embedder.embed_one(&skill.text.embedding_text()).unwrap();
+        let vector = embedder.embed(&[skill.text.embedding_text().as_str()]).unwrap().remove(0);
         let events = bank.admit(skill.id.clone(), skill.text.clone(), skill.meta.clone(), vector);
         assert_eq!(events.last().unwrap().kind, SkillEventKind::Added, "{}: {:?}", skill.id, events);
     }

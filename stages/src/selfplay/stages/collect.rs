@@ -25,8 +25,8 @@ pub struct CollectConfig {
     /// failure (the `− frontier shaping` ablation).
     #[serde(default = "super::yes")]
     pub frontier_only: bool,
-    /// Also collect a question none of whose own rollouts succeeded but whose guided (hinted)
-    /// rollout did (`solve.guidance: hint`): its failures, with the guided success as the
+    /// Also collect a question none of whose own rollouts succeeded but whose guided rollout
+    /// did (any `solve.guidance`): its failures, with the guided success as the
     /// contrast a rule-based distiller learns from. These are the questions beyond the
     /// solver's frontier, so the skills they give are the ones it lacks. Off by default (SESA
     /// collects frontier questions only).

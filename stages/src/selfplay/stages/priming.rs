@@ -78,15 +78,15 @@ impl Stage for Priming {
     }
 }
 
-/// Why a primed bank is smaller than its file. An export of a bank built under `dedup_by:
-/// trigger` (rule-made skills, one per question pattern) loses most of its deep patterns when
-/// loaded under the default rule: their triggers differ only in relation words, which the
-/// embedding places above the threshold.
+/// Why a primed bank lost skills of its file as duplicates. An export of a bank built under
+/// `dedup_by: trigger` (rule-made skills, one per question pattern) loses most of its deep
+/// patterns when loaded under the default rule: their triggers differ only in relation words,
+/// which the embedding places above the threshold.
 fn duplicates_dropped(file: &std::path::Path, dropped: usize, total: usize, rules: &BankConfig) -> String {
     let rule = match rules.dedup_by {
         DedupBy::Embedding => format!(
             "`memory.dedup_by: embedding` (cosine above `memory.dedup_threshold` {}); a bank exported from a run \
-             with `dedup_by: trigger` (as `distiller: rules` runs are) loads whole under the same rule",
+             with `dedup_by: trigger` (one skill per question pattern, for `distiller: rules`) loads whole under the same rule",
             rules.dedup_threshold
         ),
         DedupBy::Trigger => "`memory.dedup_by: trigger` (the same trigger as a skill loaded before)".to_string(),

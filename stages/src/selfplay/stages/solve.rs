@@ -311,15 +311,19 @@ pub struct Shown {
     pub plan: Option<Written>,
     /// (skill id, description, similarity) of each skill shown or read into the plan.
     pub skills: Vec<(String, String, f32)>,
-    /// The bank version they came from.
-    pub version: u64,
 }
 
 impl SkillMemory {
-    /// What the solver is shown for `question` (for `sesa ask`: one question at a time).
+    /// What the solver is shown for `question` (for `sesa ask`: one question at a time). Beside
+    /// `retrieve`, not in `resources`, so that the one retrieval stays private to this module.
     pub fn shown(&self, question: &str) -> Result<Shown, StageError> {
-        let Retrieval { mut blocks, mut skills, mut plans, version } = retrieve(self, &[question])?;
-        Ok(Shown { block: blocks.remove(0), plan: plans.remove(0), skills: skills.remove(0), version })
+        fn first<T>(rows: Vec<T>) -> Option<T> {
+            rows.into_iter().next()
+        }
+        let Retrieval { blocks, skills, plans, .. } = retrieve(self, &[question])?;
+        let shown = first(blocks).zip(first(plans)).zip(first(skills));
+        let ((block, plan), skills) = shown.expect("a retrieval has one row per question");
+        Ok(Shown { block, plan, skills })
     }
 }
 
