@@ -7,11 +7,11 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use sesa_engine::spec::{SourceDoc, Spec};
 use sesa_engine::{ArtifactStore, Registry, Run, pipeline_from_text};
-use sesa_stages::agent::{Episode, Outcome, Role, Written};
+use sesa_stages::agent::{Episode, Outcome, Role};
 use sesa_stages::memory::SkillBank;
 use sesa_stages::sections::AgentSetup;
 use sesa_stages::sections::MemorySection;
-use sesa_stages::selfplay::SkillMemory;
+use sesa_stages::selfplay::{Shown, SkillMemory};
 
 /// Whose policy answers.
 pub enum Asked<'a> {
@@ -36,18 +36,18 @@ pub struct Ask<'a> {
 
 /// Runs one episode with the spec's (or run's) model, search, budgets and prompts, and prints it.
 pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
-    let (spec, (skills, written)) = match request.asked {
+    let (spec, shown) = match request.asked {
         Asked::Spec(path) => {
             let mut source = SourceDoc::load(path).map_err(sesa_engine::SpecErrors::from)?;
             source.apply_overrides(request.overrides).map_err(sesa_engine::SpecErrors::from)?;
-            (Spec::from_source(&source, registry)?, (String::new(), None))
+            (Spec::from_source(&source, registry)?, Shown::default())
         }
         Asked::Run { location, version, memory } => {
             let (spec, policy) = run_spec(location, version, request.overrides, registry).await?;
             let shown = match memory {
                 true if request.role == Role::Proposer => bail!("--memory: only the solver is shown skills"),
                 true => shown_skills(&spec, location, request.text).await?,
-                false => (String::new(), None),
+                false => Shown::default(),
             };
             eprintln!("asking {policy} of {location}{}", if memory { ", with its last bank" } else { "" });
             (spec, shown)
@@ -55,13 +55,13 @@ pub async fn ask(request: Ask<'_>, registry: &Registry) -> Result<u8> {
     };
     let setup = AgentSetup::from_spec(&spec).await?;
     let values = match request.role {
-        Role::Solver => BTreeMap::from([("question", request.text.to_string()), ("skills", skills)]),
+        Role::Solver => BTreeMap::from([("question", request.text.to_string()), ("skills", shown.block)]),
         Role::Proposer => BTreeMap::from([("answer", request.text.to_string()), ("hops", request.hops.to_string())]),
     };
     let prompt = setup.policy.render_chat(&setup.template(request.role)?.render(&values));
     let run = setup.agent(request.role);
     let clock = std::time::Instant::now();
-    let trajectory = run.run(&[Episode { written, ..Episode::new(prompt, request.seed) }]).await?.remove(0);
+    let trajectory = run.run(&[Episode { written: shown.plan, ..Episode::new(prompt, request.seed) }]).await?.remove(0);
     let seconds = clock.elapsed().as_secs_f64();
 
     let colour = std::io::stdout().is_terminal();
@@ -117,7 +117,7 @@ async fn run_spec(
 /// What the run's solver would be shown for `question` from its last bank, under the run's
 /// `memory:` rules (`top_k`, `min_similarity`, `retrieve_by`, `show`): the prompt's skills
 /// block, and under `show: plan` what the plan writes into the response.
-async fn shown_skills(spec: &Spec, location: &str, question: &str) -> Result<(String, Option<Written>)> {
+async fn shown_skills(spec: &Spec, location: &str, question: &str) -> Result<Shown> {
     let section = spec.section::<MemorySection>().context("--memory: the run has no `memory:` section")?;
     let (version, skills) = crate::skills::bank_at(location, None).await?;
     let embedder = section.open_embedder().await?;
@@ -130,5 +130,5 @@ async fn shown_skills(spec: &Spec, location: &str, question: &str) -> Result<(St
     if shown.skills.is_empty() {
         eprintln!("no skill of bank version {version} is shown for this question");
     }
-    Ok((shown.block, shown.plan))
+    Ok(shown)
 }

@@ -346,22 +346,20 @@ impl Stage for Evaluate {
                 Some(memory) => retrieve(memory, &texts)?,
                 None => Retrieval::none(texts.len()),
             };
-            let episodes: Vec<Episode> = questions
-                .iter()
-                .zip(&retrieval.blocks)
-                .zip(&retrieval.plans)
-                .map(|((q, skills), plan)| Episode {
-                    prompt: policy.render_chat(
-                        &selfplay
-                            .templates
-                            .solver
-                            .render(&BTreeMap::from([("question", q.question.clone()), ("skills", skills.clone())])),
-                    ),
-                    seed: 0,
-                    // Evaluation is never guided; only a skill shown as a plan writes.
-                    written: plan.clone(),
-                })
-                .collect();
+            let episodes: Vec<Episode> =
+                questions
+                    .iter()
+                    .zip(&retrieval.shown)
+                    .map(|(q, shown)| Episode {
+                        prompt: policy.render_chat(&selfplay.templates.solver.render(&BTreeMap::from([
+                            ("question", q.question.clone()),
+                            ("skills", shown.block.clone()),
+                        ]))),
+                        seed: 0,
+                        // Evaluation is never guided; only a skill shown as a plan writes.
+                        written: shown.plan.clone(),
+                    })
+                    .collect();
             let agent = AgentRun {
                 role: Role::Solver,
                 policy: policy.as_ref(),
@@ -378,7 +376,7 @@ impl Stage for Evaluate {
             generation += busy.generation;
             search_time += busy.search;
             let start = rows.len();
-            for ((question, trajectory), shown) in questions.iter().zip(trajectories).zip(&retrieval.skills) {
+            for ((question, trajectory), shown) in questions.iter().zip(trajectories).zip(&retrieval.shown) {
                 let prediction = trajectory.outcome.final_text().map(str::to_string);
                 let answer = prediction.as_deref().unwrap_or_default();
                 let em = if prediction.is_some() { exact_match(answer, &question.golden_answers) } else { 0.0 };
@@ -395,7 +393,7 @@ impl Stage for Evaluate {
                     outcome: super::outcome_name(&trajectory.outcome),
                     policy_version: trajectory.policy_version,
                     bank_version: retrieval.version,
-                    skill_ids: shown.iter().map(|(id, _, _)| id.clone()).collect(),
+                    skill_ids: shown.skills.iter().map(|(id, _, _)| id.clone()).collect(),
                     question: question.clone(),
                 });
             }

@@ -227,26 +227,37 @@ impl Solve {
     }
 }
 
+/// What a solver is shown for one question under its memory's rules, as `solve`, `evaluate`
+/// and `sesa ask` show it with memory on.
+#[derive(Clone, Default)]
+pub struct Shown {
+    /// The skills block of its prompt (empty under `show: plan`, or when none was retrieved).
+    pub block: String,
+    /// Under `show: plan`, what the plan writes into its response.
+    pub plan: Option<Written>,
+    /// (skill id, description, similarity) of each skill shown or read into the plan.
+    pub skills: Vec<(String, String, f32)>,
+}
+
 /// The skills retrieved for a batch of questions.
 pub(super) struct Retrieval {
-    /// Per question, the block of its prompt (empty without skills).
-    pub(super) blocks: Vec<String>,
-    /// Per question, (skill id, description, similarity) of each skill retrieved.
-    pub(super) skills: Vec<Vec<(String, String, f32)>>,
-    /// Per question, under `memory.show: plan`, what its skill writes into the response.
-    pub(super) plans: Vec<Option<Written>>,
+    /// Per question, what it is shown.
+    pub(super) shown: Vec<Shown>,
     /// The bank version retrieved from (0 without memory).
     pub(super) version: u64,
 }
 
 impl Retrieval {
     pub(super) fn none(questions: usize) -> Retrieval {
-        Retrieval {
-            blocks: vec![String::new(); questions],
-            skills: vec![Vec::new(); questions],
-            plans: vec![None; questions],
-            version: 0,
-        }
+        Retrieval { shown: vec![Shown::default(); questions], version: 0 }
+    }
+}
+
+impl SkillMemory {
+    /// What the solver is shown for `question` (for `sesa ask`: one question at a time). Beside
+    /// `retrieve`, not in `resources`, so that the one retrieval stays private to this module.
+    pub fn shown(&self, question: &str) -> Result<Shown, StageError> {
+        Ok(retrieve(self, &[question])?.shown.pop().unwrap_or_default())
     }
 }
 
@@ -282,7 +293,7 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
                 let composed = reader.read(questions[k]);
                 let skills = composed.iter().flat_map(|c| &c.skills);
                 let top = skills.map(|&i| (&bank.skills()[i], cosine(&triggers[i], vector))).collect();
-                retrieval.plans[k] = composed.map(|c| plan_of(&c.start, &c.relations));
+                retrieval.shown[k].plan = composed.map(|c| plan_of(&c.start, &c.relations));
                 top
             }
             _ => {
@@ -292,39 +303,14 @@ pub(super) fn retrieve(memory: &SkillMemory, questions: &[&str]) -> Result<Retri
                 };
                 top.retain(|&(_, similarity)| memory.min_similarity.is_none_or(|least| similarity >= least));
                 let skills: Vec<&crate::memory::Skill> = top.iter().map(|(s, _)| *s).collect();
-                retrieval.blocks[k] = crate::memory::prompt_block(&skills);
+                retrieval.shown[k].block = crate::memory::prompt_block(&skills);
                 top
             }
         };
-        retrieval.skills[k] =
+        retrieval.shown[k].skills =
             top.iter().map(|(s, similarity)| (s.id.clone(), s.text.description.clone(), *similarity)).collect();
     }
     Ok(retrieval)
-}
-
-/// What a solver is shown for one question under its memory's rules, as `solve` and
-/// `evaluate` show it with memory on.
-pub struct Shown {
-    /// The skills block of its prompt (empty under `show: plan`, or when none was retrieved).
-    pub block: String,
-    /// Under `show: plan`, what the plan writes into its response.
-    pub plan: Option<Written>,
-    /// (skill id, description, similarity) of each skill shown or read into the plan.
-    pub skills: Vec<(String, String, f32)>,
-}
-
-impl SkillMemory {
-    /// What the solver is shown for `question` (for `sesa ask`: one question at a time). Beside
-    /// `retrieve`, not in `resources`, so that the one retrieval stays private to this module.
-    pub fn shown(&self, question: &str) -> Result<Shown, StageError> {
-        fn first<T>(rows: Vec<T>) -> Option<T> {
-            rows.into_iter().next()
-        }
-        let Retrieval { blocks, skills, plans, .. } = retrieve(self, &[question])?;
-        let shown = first(blocks).zip(first(plans)).zip(first(skills));
-        let ((block, plan), skills) = shown.expect("a retrieval has one row per question");
-        Ok(Shown { block, plan, skills })
-    }
 }
 
 impl Stage for Solve {
@@ -379,12 +365,12 @@ impl Stage for Solve {
             Some(memory) => retrieve(memory, &texts)?,
             None => Retrieval::none(texts.len()),
         };
-        let (blocks, version) = (&retrieval.blocks, retrieval.version);
+        let version = retrieval.version;
         let retrieved: Vec<Vec<String>> =
-            retrieval.skills.iter().map(|top| top.iter().map(|(id, _, _)| id.clone()).collect()).collect();
+            retrieval.shown.iter().map(|s| s.skills.iter().map(|(id, _, _)| id.clone()).collect()).collect();
         let mut events = Vec::new();
-        for (k, top) in retrieval.skills.iter().enumerate() {
-            for (id, description, similarity) in top {
+        for (k, shown) in retrieval.shown.iter().enumerate() {
+            for (id, description, similarity) in &shown.skills {
                 events.push(SkillEvent {
                     similarity: Some(*similarity),
                     question_id: Some(format!("s{}-{}", cx.step(), items[asked[k]])),
@@ -392,12 +378,8 @@ impl Stage for Solve {
                         SkillEventKind::Retrieved,
                         id.clone(),
                         description.clone(),
-                        if retrieval.plans[k].is_some() {
-                            "written as the solver's plan"
-                        } else {
-                            "in the solver's prompt"
-                        }
-                        .into(),
+                        if shown.plan.is_some() { "written as the solver's plan" } else { "in the solver's prompt" }
+                            .into(),
                     )
                 });
             }
@@ -421,13 +403,13 @@ impl Stage for Solve {
         let mut rows = Vec::new();
         for (k, &i) in asked.iter().enumerate() {
             let question = questions[i].unwrap_or_default();
-            let (with, without) = (render(question, blocks[k].clone()), render(question, String::new()));
+            let (with, without) = (render(question, retrieval.shown[k].block.clone()), render(question, String::new()));
             for rollout in 0..n_rollouts {
                 let bare = shown(k, rollout).is_empty() && !retrieved[k].is_empty();
                 episodes.push(Episode {
                     prompt: if bare { &without } else { &with }.clone(),
                     seed: cx.seed((items[i] << 20) | rollout),
-                    written: if bare { None } else { retrieval.plans[k].clone() },
+                    written: if bare { None } else { retrieval.shown[k].plan.clone() },
                 });
                 rows.push((k, i, rollout));
             }
@@ -493,15 +475,15 @@ impl Stage for Solve {
                     let seed = cx.seed((items[*i] << 20) | rollout);
                     match help {
                         Help::Hint(hint) => {
-                            Episode::new(render(&format!("{question}{hint}"), blocks[*k].clone()), seed)
+                            Episode::new(render(&format!("{question}{hint}"), retrieval.shown[*k].block.clone()), seed)
                         }
                         Help::Plan(written) => Episode {
-                            prompt: render(question, blocks[*k].clone()),
+                            prompt: render(question, retrieval.shown[*k].block.clone()),
                             seed,
                             written: Some(written.clone()),
                         },
                         Help::Probe(searches) => Episode {
-                            prompt: render(question, blocks[*k].clone()),
+                            prompt: render(question, retrieval.shown[*k].block.clone()),
                             seed,
                             written: Some(probe(*searches)),
                         },
@@ -579,17 +561,20 @@ mod tests {
     fn a_similarity_threshold_shows_no_skill_to_an_unrelated_question() {
         let questions = ["Where was the founder of Vexa Labs born?", "Which river flows through Orlin?"];
         let all = retrieve(&memory(None), &questions).unwrap();
-        assert!(all.skills.iter().all(|s| s.len() == 1), "without a threshold every question gets the top skill");
-        let (related, unrelated) = (all.skills[0][0].2, all.skills[1][0].2);
+        assert!(all.shown.iter().all(|s| s.skills.len() == 1), "without a threshold every question gets the top skill");
+        let (related, unrelated) = (all.shown[0].skills[0].2, all.shown[1].skills[0].2);
         assert!(related > 0.3 && unrelated < 0.1, "cosines {related} and {unrelated}");
         let some = retrieve(&memory(Some(0.3)), &questions).unwrap();
-        assert_eq!(some.skills[0].len(), 1);
-        assert!(some.skills[1].is_empty() && some.blocks[1].is_empty(), "the unrelated question is shown none");
-        assert!(!some.blocks[0].is_empty());
+        assert_eq!(some.shown[0].skills.len(), 1);
+        assert!(
+            some.shown[1].skills.is_empty() && some.shown[1].block.is_empty(),
+            "the unrelated question is shown none"
+        );
+        assert!(!some.shown[0].block.is_empty());
         // One question at a time (`sesa ask --memory`), the same.
         let (one, other) =
             (memory(Some(0.3)).shown(questions[0]).unwrap(), memory(Some(0.3)).shown(questions[1]).unwrap());
-        assert_eq!((one.block, one.plan, one.skills.len()), (some.blocks[0].clone(), None, 1));
+        assert_eq!((one.block, one.plan, one.skills.len()), (some.shown[0].block.clone(), None, 1));
         assert_eq!((other.block.as_str(), other.skills.len()), ("", 0));
     }
 
@@ -612,11 +597,11 @@ mod tests {
         let questions =
             ["Where was the founder of Orla Dunmere Works born?", "Where was the mother of Orla Dunmere born?"];
         let shown = retrieve(&memory, &questions).unwrap();
-        assert_eq!(shown.skills[0].iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
-        assert!(shown.skills[0][0].2 > 0.999, "the same pattern: {}", shown.skills[0][0].2);
-        assert!(shown.skills[1].is_empty(), "another template is shown none");
+        assert_eq!(shown.shown[0].skills.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
+        assert!(shown.shown[0].skills[0].2 > 0.999, "the same pattern: {}", shown.shown[0].skills[0].2);
+        assert!(shown.shown[1].skills.is_empty(), "another template is shown none");
         let by_question = retrieve(&memory_by(Some(0.99), RetrieveBy::Question), &questions).unwrap();
-        assert!(by_question.skills.iter().all(|s| s.is_empty()), "names keep the question far from any skill");
+        assert!(by_question.shown.iter().all(|s| s.skills.is_empty()), "names keep the question far from any skill");
     }
 
     #[test]
@@ -638,17 +623,23 @@ mod tests {
         let unrelated = "Where was the founder of Vexa Labs born?";
         let shown = retrieve(&memory, &[question, unrelated]).unwrap();
         // The plan the skill writes is the one plan guidance writes from the world's grammar.
-        assert_eq!(shown.plans[0], super::plan(question));
-        assert!(shown.plans[0].is_some());
-        assert_eq!(shown.skills[0].iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
-        assert_eq!(shown.blocks, ["", ""], "a skill shown as a plan is not in the prompt");
-        assert_eq!((shown.plans[1].clone(), shown.skills[1].len()), (None, 0), "no skill of its pattern: none");
+        let (planned, other) = (&shown.shown[0], &shown.shown[1]);
+        assert_eq!(planned.plan, super::plan(question));
+        assert!(planned.plan.is_some());
+        assert_eq!(planned.skills.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["s2-0"]);
+        assert_eq!(
+            [planned.block.as_str(), other.block.as_str()],
+            ["", ""],
+            "a skill shown as a plan is not in the prompt"
+        );
+        assert_eq!((other.plan.clone(), other.skills.len()), (None, 0), "no skill of its pattern: none");
         let one = memory.shown(question).unwrap();
-        assert_eq!((one.block.as_str(), one.plan, one.skills), ("", shown.plans[0].clone(), shown.skills[0].clone()));
+        assert_eq!((one.block.as_str(), one.plan, one.skills), ("", planned.plan.clone(), planned.skills.clone()));
         // The bank's other skill (a question's wording, not a pattern) is never written.
         memory.min_similarity = None;
         let all = retrieve(&memory, &[unrelated]).unwrap();
-        assert_eq!((all.plans[0].clone(), all.skills[0].len(), all.blocks[0].as_str()), (None, 0, ""));
+        let none = &all.shown[0];
+        assert_eq!((none.plan.clone(), none.skills.len(), none.block.as_str()), (None, 0, ""));
     }
 
     #[test]
